@@ -1,0 +1,25 @@
+"""Helpers for the distributed-training course.
+
+Each module holds one idea and names the notebook that derives it:
+
+- ``utils.launch``: ``run_ranks``, the launcher behind every multi-rank cell (notebook 00).
+- ``utils.magics``: the ``%%ranks N`` cell magic, loaded with ``%load_ext utils`` (notebook 00).
+- ``utils.rank_errors``: which rank failed first, and where hung ranks were stuck (notebook 00).
+- ``utils.hardware``: what this machine has, said out loud (notebook 00).
+
+Importing ``utils`` starts nothing, seeds nothing and prints nothing.
+"""
+
+from .hardware import describe_machine
+from .launch import rank_device, run_ranks
+from .rank_errors import RankError, RankTimeoutError
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext utils`` registers the ``%%ranks`` cell magic."""
+    from .magics import RanksMagics
+
+    ipython.register_magics(RanksMagics)
+
+
+__all__ = ["run_ranks", "rank_device", "RankError", "RankTimeoutError", "describe_machine"]
