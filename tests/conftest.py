@@ -1,0 +1,76 @@
+"""Shared fixtures: a real Jupyter kernel for the tests that must run as a notebook does, and the
+per-notebook time table printed at the end of the run."""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from notebook_runner import kernel_env  # noqa: E402
+
+os.environ.update(kernel_env())  # the course's kernel first, for papermill and jupyter_client alike
+
+NOTEBOOK_TIMES = []  # (name, ok, seconds), filled by tests/test_notebooks.py
+
+
+class Kernel:
+    """A live kernel: ``run(code)`` executes a cell and returns (reply, stdout, stderr)."""
+
+    def __init__(self, km, kc):
+        self.km, self.kc = km, kc
+
+    @property
+    def pid(self):
+        return self.km.provisioner.process.pid
+
+    def run(self, code, timeout=60):
+        out, err = [], []
+
+        def hook(msg):
+            if msg["msg_type"] == "stream":
+                (out if msg["content"]["name"] == "stdout" else err).append(msg["content"]["text"])
+            elif msg["msg_type"] == "error":
+                err.append("\n".join(msg["content"]["traceback"]))
+
+        reply = self.kc.execute_interactive(code, timeout=timeout, output_hook=hook)
+        return reply["content"], "".join(out), "".join(err)
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        yield Kernel(km, kc)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not NOTEBOOK_TIMES:
+        return
+    from notebook_runner import print_table
+
+    terminalreporter.write_line("")
+    print_table(NOTEBOOK_TIMES, "Notebooks (SMOKE=True, WORLD_SIZE=2; executed copies in build/test/)")
+
+
+@pytest.fixture
+def no_children_left():
+    """Checks after the test that this process has no child processes left (no leaked rank)."""
+    import psutil
+
+    def leftovers():  # multiprocessing's resource tracker (started by spawn) lives as long as we do
+        return [p for p in psutil.Process().children(recursive=True)
+                if "resource_tracker" not in " ".join(p.cmdline())]
+
+    yield
+    deadline = time.monotonic() + 5
+    while leftovers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert leftovers() == []

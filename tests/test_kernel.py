@@ -1,0 +1,86 @@
+"""The launcher and %%ranks inside a real Jupyter kernel, where notebooks actually run them:
+functions and classes defined in the notebook, per-rank output, variables brought back, errors
+shown, and a kernel interrupt that stops every rank."""
+
+import time
+
+import psutil
+import pytest
+
+
+@pytest.fixture(scope="module")
+def course_kernel(kernel):
+    reply, _, err = kernel.run("import torch, torch.distributed as dist\nimport utils\n%load_ext utils")
+    assert reply["status"] == "ok", err
+    return kernel
+
+
+def test_notebook_defined_function_and_class(course_kernel):
+    reply, out, err = course_kernel.run(
+        "class Box:\n"
+        "    def __init__(self, v): self.v = v\n"
+        "def work(scale):\n"
+        "    t = torch.tensor([float(dist.get_rank())]); dist.all_reduce(t)\n"
+        "    return Box(t.item() * scale)\n"
+        "boxes = utils.run_ranks(work, 10, world_size=3)\n"
+        "assert all(isinstance(b, Box) for b in boxes), 'the same class comes back'\n"
+        "print([b.v for b in boxes])")
+    assert reply["status"] == "ok", err
+    assert out.strip().endswith("[30.0, 30.0, 30.0]")
+    assert "[launch] 3 ranks · gloo on CPU" in out
+
+
+def test_ranks_magic_prefixes_output_and_returns_variables(course_kernel):
+    reply, out, err = course_kernel.run(
+        "offset = 100  # a kernel variable the ranks can read\n"
+        "def double(x):\n    return 2 * x\n")
+    assert reply["status"] == "ok", err
+    reply, out, err = course_kernel.run(
+        "%%ranks 2 --return total mine\n"
+        "t = torch.tensor([float(rank)])\n"
+        "dist.all_reduce(t)\n"
+        "total = t.item() + offset\n"
+        "mine = double(rank)\n"
+        "print(f'rank {rank} of {world_size} on {device}')\n")
+    assert reply["status"] == "ok", err
+    assert "[rank 0] rank 0 of 2 on cpu" in out and "[rank 1] rank 1 of 2 on cpu" in out
+    reply, out, err = course_kernel.run("print(total, mine)")
+    assert out.strip() == "[101.0, 101.0] [0, 2]"
+
+
+def test_ranks_magic_error_names_the_rank_and_the_cell_line(course_kernel):
+    reply, out, err = course_kernel.run(
+        "%%ranks 2\n"
+        "x = 1\n"
+        "if rank == 1:\n"
+        "    raise KeyError('missing on rank one')\n"
+        "dist.barrier()\n")
+    assert reply["status"] == "error" and reply["ename"] == "RankError"
+    assert "rank 1 of 2 failed first: KeyError" in err
+    assert "raise KeyError('missing on rank one')" in err  # the cell's own line, from its source
+
+
+def test_ranks_magic_rejects_bad_world_size(course_kernel):
+    reply, out, err = course_kernel.run("%%ranks 0\nx = 1\n")
+    assert reply["status"] == "error" and "world_size must be a positive integer" in err
+
+
+def test_kernel_interrupt_stops_every_rank(course_kernel):
+    kernel = course_kernel
+    kernel.kc.execute("%%ranks 2 --timeout 120\nimport time\ndist.barrier()\ntime.sleep(120)\n")
+    kernel_process = psutil.Process(kernel.pid)
+    deadline = time.monotonic() + 20
+    while len(kernel_process.children()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ranks = kernel_process.children()
+    assert len(ranks) >= 2, "the ranks never started"
+    time.sleep(1)  # let them reach the sleep
+    start = time.monotonic()
+    kernel.km.interrupt_kernel()
+    reply = kernel.kc.get_shell_msg(timeout=20)["content"]
+    assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
+    assert time.monotonic() - start < 10
+    gone, alive = psutil.wait_procs(ranks, timeout=5)
+    assert alive == [], f"ranks still running after the interrupt: {alive}"
+    reply, out, err = kernel.run("print(utils.run_ranks(lambda: dist.get_rank(), world_size=2, verbose=False))")
+    assert out.strip() == "[0, 1]", "the kernel launches again after an interrupt"

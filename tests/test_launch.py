@@ -1,0 +1,171 @@
+"""The guarantees of utils.run_ranks, one test each (see utils/launch.py for how they are kept)."""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+
+from utils import RankError, RankTimeoutError, run_ranks
+from utils.launch import plan_launch
+
+pytestmark = pytest.mark.usefixtures("no_children_left")
+
+
+def rank_and_sum(offset=0, *, scale=1):
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t)
+    return dist.get_rank(), dist.get_world_size(), t.item() * scale + offset
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_returns_one_value_per_rank_in_rank_order(world_size, capsys):
+    results = run_ranks(rank_and_sum, 10, world_size=world_size, scale=2)
+    total = world_size * (world_size - 1) / 2
+    assert results == [(r, world_size, total * 2 + 10) for r in range(world_size)]
+    assert "gloo on CPU" in capsys.readouterr().out  # the backend and device are said out loud
+
+
+def test_output_of_each_rank_is_prefixed(capsys):
+    def hello():
+        print(f"hello from {dist.get_rank()}")
+        print("a warning", file=sys.stderr)
+
+    run_ranks(hello, world_size=2, verbose=False)
+    out, err = capsys.readouterr()
+    assert sorted(out.splitlines()) == ["[rank 0] hello from 0", "[rank 1] hello from 1"]
+    assert sorted(err.splitlines()) == ["[rank 0] a warning", "[rank 1] a warning"]
+
+
+def fails_on_rank_1():
+    if dist.get_rank() == 1:
+        raise ValueError("rank one is broken")
+    dist.all_reduce(torch.ones(1))  # the others wait for rank 1 here, then lose their connection
+
+
+def test_a_raising_rank_is_named_with_its_traceback_within_10s():
+    start = time.monotonic()
+    with pytest.raises(RankError) as info:
+        run_ranks(fails_on_rank_1, world_size=4, verbose=False)
+    assert time.monotonic() - start < 10
+    err = info.value
+    assert err.rank == 1
+    message = str(err)
+    assert message.startswith("rank 1 of 4 failed first: ValueError: rank one is broken")
+    assert 'raise ValueError("rank one is broken")' in message  # the traceback, with its source line
+    assert "in fails_on_rank_1" in message
+    for peer in (0, 2, 3):  # peers either saw the closed connection (secondary) or were stopped
+        line = next(line for line in message.splitlines() if line.startswith(f"rank {peer}:"))
+        assert "secondary error" in line or "stopped by the launcher" in line, line
+
+
+def test_a_rank_killed_by_a_signal_is_named():
+    def segfault_on_rank_0():
+        if dist.get_rank() == 0:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        dist.barrier()
+
+    with pytest.raises(RankError) as info:
+        run_ranks(segfault_on_rank_0, world_size=2, verbose=False)
+    assert info.value.rank == 0
+    assert "killed by signal SIGSEGV" in str(info.value)
+    assert "segfault_on_rank_0" in str(info.value)  # faulthandler's stack of the dying rank
+
+
+def hangs_in_a_collective():
+    if dist.get_rank() == 0:
+        dist.barrier()  # rank 1 never arrives
+    else:
+        time.sleep(600)
+
+
+def test_a_hanging_rank_times_out_showing_where_each_rank_was():
+    start = time.monotonic()
+    with pytest.raises(RankTimeoutError) as info:
+        run_ranks(hangs_in_a_collective, world_size=2, timeout=3, verbose=False)
+    elapsed = time.monotonic() - start
+    assert 3 <= elapsed < 3 + 5
+    stacks = info.value.stacks
+    assert "in barrier" in stacks[0] and "in hangs_in_a_collective" in stacks[0]
+    assert "in hangs_in_a_collective" in stacks[1]
+
+
+def _open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_twenty_runs_in_a_row_leak_nothing():
+    run_ranks(rank_and_sum, world_size=2, verbose=False)  # warm up lazy imports before counting
+    fds, tmp = _open_fds(), set(os.listdir(tempfile.gettempdir()))
+    for _ in range(20):
+        assert run_ranks(rank_and_sum, world_size=2, verbose=False)[1][2] == 1.0
+    assert not dist.is_initialized()  # the caller never joins a process group
+    assert [p.pid for p in psutil.Process().children(recursive=True)] == []
+    assert _open_fds() == fds  # no pipe left open
+    assert {d for d in os.listdir(tempfile.gettempdir()) if d.startswith("run_ranks-")} <= tmp  # no rendezvous left
+
+
+def test_two_notebooks_at_once_do_not_clash(tmp_path):
+    script = tmp_path / "launch_five_times.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.distributed as dist
+        from utils import run_ranks
+        def total():
+            t = torch.ones(1); dist.all_reduce(t); return t.item()
+        for _ in range(5):
+            assert run_ranks(total, world_size=2, verbose=False) == [2.0, 2.0]
+        print("ok")
+    """))
+    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0] and outs == ["ok\n", "ok\n"]
+
+
+def test_unpicklable_return_value_says_what_to_return():
+    with pytest.raises(RankError, match="cannot be sent back"):
+        run_ranks(lambda: (x for x in range(3)), world_size=2, verbose=False)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, "2", True, None])
+def test_world_size_must_be_a_positive_integer(bad):
+    with pytest.raises(ValueError, match="world_size must be a positive integer"):
+        run_ranks(rank_and_sum, world_size=bad)
+
+
+def test_nccl_without_gpus_is_refused_with_the_numbers():
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has the GPUs")
+    with pytest.raises(RuntimeError, match=r"needs one GPU per rank: 2 ranks asked"):
+        run_ranks(rank_and_sum, world_size=2, backend="nccl")
+
+
+def test_too_many_cpu_ranks_warns_with_the_numbers():
+    cores = os.cpu_count()
+    with pytest.warns(UserWarning, match=rf"{2 * cores + 1} CPU ranks on {cores} cores"):
+        plan_launch(2 * cores + 1, backend="gloo")
+
+
+def test_bad_timeout_is_refused():
+    with pytest.raises(ValueError, match="timeout must be a positive number"):
+        run_ranks(rank_and_sum, world_size=2, timeout=0)
+
+
+def test_after_cuda_init_fork_is_refused_and_auto_spawns(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # as if a cell had touched the GPU
+    with pytest.raises(RuntimeError, match="CUDA is already initialised"):
+        run_ranks(rank_and_sum, world_size=2, start_method="fork")
+    base = 100
+
+    def local_function():  # a closure: only cloudpickle can send it to a spawned rank
+        return base + dist.get_rank()
+
+    assert run_ranks(local_function, world_size=2) == [100, 101]
+    out = capsys.readouterr().out
+    assert "spawn" in out and "CUDA is already initialised in this kernel" in out
