@@ -5,6 +5,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 LAB_ARGS ?=
+# JupyterLab refuses to run as root (common in workshop containers) unless told it may.
+ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: setup lab test course bench strip clean
 
@@ -21,7 +23,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lab: setup
-	JUPYTER_PATH=$(CURDIR)/$(VENV)/share/jupyter $(BIN)/jupyter lab $(LAB_ARGS) notebooks/00_start_here.ipynb
+	JUPYTER_PATH=$(CURDIR)/$(VENV)/share/jupyter $(BIN)/jupyter lab $(ROOT_ARGS) $(LAB_ARGS) notebooks/00_start_here.ipynb
 
 test: setup
 	$(BIN)/python -m pytest

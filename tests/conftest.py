@@ -16,6 +16,15 @@ os.environ.update(kernel_env())  # the course's kernel first, for papermill and 
 NOTEBOOK_TIMES = []  # (name, ok, seconds), filled by tests/test_notebooks.py
 
 
+def child_processes(pid=None):
+    """Children of a process (default: this one), less multiprocessing's resource tracker, which
+    spawn starts once and which lives as long as its parent by design."""
+    import psutil
+
+    return [p for p in psutil.Process(pid).children(recursive=True)
+            if "resource_tracker" not in " ".join(p.cmdline())]
+
+
 class Kernel:
     """A live kernel: ``run(code)`` executes a cell and returns (reply, stdout, stderr)."""
 
@@ -63,14 +72,8 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture
 def no_children_left():
     """Checks after the test that this process has no child processes left (no leaked rank)."""
-    import psutil
-
-    def leftovers():  # multiprocessing's resource tracker (started by spawn) lives as long as we do
-        return [p for p in psutil.Process().children(recursive=True)
-                if "resource_tracker" not in " ".join(p.cmdline())]
-
     yield
     deadline = time.monotonic() + 5
-    while leftovers() and time.monotonic() < deadline:
+    while child_processes() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert leftovers() == []
+    assert child_processes() == []

@@ -6,6 +6,7 @@ import time
 
 import psutil
 import pytest
+from conftest import child_processes
 
 
 @pytest.fixture(scope="module")
@@ -65,14 +66,28 @@ def test_ranks_magic_rejects_bad_world_size(course_kernel):
     assert reply["status"] == "error" and "world_size must be a positive integer" in err
 
 
+def test_ranks_magic_after_cuda_init_spawns_and_ships_the_variables_it_uses(course_kernel):
+    reply, out, err = course_kernel.run(
+        "import unittest.mock\n"
+        "scale = 3\n"
+        "def triple(x):\n    return scale * x\n"
+        "with unittest.mock.patch('torch.cuda.is_initialized', lambda: True):  # as if a cell used the GPU\n"
+        "    get_ipython().run_cell_magic('ranks', '2 --return y', 'y = triple(rank)')\n"
+        "print(y)")
+    assert reply["status"] == "ok", err
+    assert "spawn" in out and out.strip().endswith("[0, 3]")
+
+
 def test_kernel_interrupt_stops_every_rank(course_kernel):
     kernel = course_kernel
     kernel.kc.execute("%%ranks 2 --timeout 120\nimport time\ndist.barrier()\ntime.sleep(120)\n")
-    kernel_process = psutil.Process(kernel.pid)
+    def ranks_running():
+        return child_processes(kernel.pid)
+
     deadline = time.monotonic() + 20
-    while len(kernel_process.children()) < 2 and time.monotonic() < deadline:
+    while len(ranks_running()) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
-    ranks = kernel_process.children()
+    ranks = ranks_running()
     assert len(ranks) >= 2, "the ranks never started"
     time.sleep(1)  # let them reach the sleep
     start = time.monotonic()
