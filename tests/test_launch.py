@@ -169,3 +169,13 @@ def test_after_cuda_init_fork_is_refused_and_auto_spawns(monkeypatch, capsys):
     assert run_ranks(local_function, world_size=2) == [100, 101]
     out = capsys.readouterr().out
     assert "spawn" in out and "CUDA is already initialised in this kernel" in out
+
+
+def test_tensors_come_back_detached_on_the_cpu():
+    def make():
+        w = torch.ones(2, requires_grad=True) * (dist.get_rank() + 1)
+        return {"w": w, "pair": (w, [w])}
+
+    results = run_ranks(make, world_size=2, verbose=False)
+    assert results[1]["w"].tolist() == [2.0, 2.0] and not results[1]["w"].requires_grad
+    assert results[1]["pair"][1][0].device.type == "cpu"

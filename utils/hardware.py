@@ -5,6 +5,8 @@ Notebook 00 prints it; later lessons print it above their timings.
 
 import os
 import platform
+import shutil
+import subprocess
 
 import psutil
 import torch
@@ -14,8 +16,8 @@ import torch.distributed as dist
 def describe_machine() -> dict:
     """CPU cores, memory, GPUs and the communication backends this torch build offers.
 
-    ``torch.cuda.device_count()`` asks the driver without initialising CUDA, so calling this does
-    not stop the launcher from forking ranks afterwards.
+    Nothing here initialises CUDA in this process (``torch.cuda.device_count()`` asks the driver,
+    names come from ``nvidia-smi``), so the launcher can still fork ranks afterwards.
     """
     gpus = torch.cuda.device_count()
     return {
@@ -25,7 +27,14 @@ def describe_machine() -> dict:
         "cpu_cores": os.cpu_count(),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "gpus": gpus,
-        "gpu_names": [torch.cuda.get_device_properties(i).name for i in range(gpus)],
+        "gpu_names": _gpu_names() if gpus else [],
         "backends": [b for b, ok in (("gloo", dist.is_gloo_available()), ("nccl", dist.is_nccl_available()),
                                      ("mpi", dist.is_mpi_available())) if ok],
     }
+
+
+def _gpu_names():
+    if not shutil.which("nvidia-smi"):
+        return ["(names need nvidia-smi)"]
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+    return out.stdout.strip().splitlines()

@@ -167,6 +167,7 @@ def _rank_main(rank, plan, timeout, payload, store_path, result_w, out_w, err_w)
         _send(result_w, ("error", report))
         sys.stdout.flush(), sys.stderr.flush()
         os._exit(1)  # no clean-up: the peers may be gone, and tearing down could block
+    value = _to_cpu(value)
     try:
         data = pickle.dumps(value)  # by reference, so a notebook class is the same class in the kernel
     except Exception:  # noqa: BLE001
@@ -180,6 +181,18 @@ def _rank_main(rank, plan, timeout, payload, store_path, result_w, out_w, err_w)
     _send(result_w, ("ok", data))
     sys.stdout.flush(), sys.stderr.flush()
     dist.destroy_process_group()
+
+
+def _to_cpu(value):
+    """Tensors come back on the CPU: unpickling a CUDA tensor would initialise CUDA in the kernel,
+    and a kernel with CUDA initialised can no longer fork ranks."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return type(value)(_to_cpu(v) for v in value)
+    if type(value) is dict:
+        return {k: _to_cpu(v) for k, v in value.items()}
+    return value
 
 
 def _send(conn, message):
@@ -216,7 +229,8 @@ def run_ranks(fn, *args, world_size, timeout=DEFAULT_TIMEOUT, backend="auto", st
     Each rank starts with the default process group initialised (``dist.get_rank()``,
     ``dist.all_reduce`` ... work at once); ``rank_device()`` tells it where to put its tensors.
     ``fn`` may be defined in the notebook. Its return value comes back by pickle, so return plain
-    values (tensors, numbers, dicts), not modules or process groups.
+    values (tensors, numbers, dicts), not modules or process groups; tensors in it (also inside
+    lists, tuples and dicts) come back on the CPU.
 
     Raises ``RankError`` when a rank fails (naming the first one, with its traceback) and
     ``RankTimeoutError`` when the ranks are still running after ``timeout`` seconds (showing where
