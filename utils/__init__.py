@@ -6,12 +6,19 @@ Each module holds one idea and names the notebook that derives it:
 - ``utils.magics``: the ``%%ranks N`` cell magic, loaded with ``%load_ext utils`` (notebook 00).
 - ``utils.rank_errors``: which rank failed first, and where hung ranks were stuck (notebook 00).
 - ``utils.hardware``: what this machine has, said out loud (notebook 00).
+- ``utils.ledger``: ``CommLedger``, bytes and time of every collective a rank calls (notebook 01).
+- ``utils.models``: ``ToyNet``, the course model with a frozen parameter, a buffer and a tied
+  weight (notebook 02).
+- ``utils.datasets``: small real data sets shipped inside packages, e.g. ``digits()`` (notebook 02).
 
 Importing ``utils`` starts nothing, seeds nothing and prints nothing.
 """
 
 from .hardware import describe_machine
+from .datasets import digits
 from .launch import rank_device, run_ranks
+from .ledger import CommLedger
+from .models import ToyNet
 from .rank_errors import RankError, RankTimeoutError
 
 
@@ -22,4 +29,5 @@ def load_ipython_extension(ipython):
     ipython.register_magics(RanksMagics)
 
 
-__all__ = ["run_ranks", "rank_device", "RankError", "RankTimeoutError", "describe_machine"]
+__all__ = ["run_ranks", "rank_device", "RankError", "RankTimeoutError", "describe_machine", "CommLedger",
+           "ToyNet", "digits"]

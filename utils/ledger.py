@@ -1,0 +1,135 @@
+"""A communication ledger: what did this rank send, how many bytes, and how long did it take?
+
+Derived in notebook 01 (collectives) and used by every later lesson to put *measured* bytes beside
+the formulas::
+
+    with CommLedger() as ledger:          # inside a rank
+        dist.all_reduce(grad)
+    ledger.total("payload_bytes")         # bytes of the tensors handed to the collectives
+    ledger.total("wire_bytes")            # bytes this rank puts on the wire (see below)
+
+How it works: while the ``with`` block runs, the functions of ``torch.distributed`` that move data
+(``all_reduce``, ``send``, ``isend`` ...) are replaced by thin wrappers that note the call and then
+call the original. Nothing in torch is forked or modified; on exit the originals are put back.
+Only calls made through ``torch.distributed``'s Python functions are seen: torch's DDP, for
+example, talks to the backend from C++, so notebook 02 routes its gradients through a DDP
+*communication hook*, which calls ``dist.all_reduce`` and is therefore seen.
+
+Two byte counts per call:
+
+- ``payload_bytes``: the bytes of the tensor(s) the call was given (for ``all_gather``, the
+  output; for ``reduce_scatter``, the input: always the full-sized side).
+- ``wire_bytes``: the bytes *this rank sends*. For send/isend that is measured exactly, and for
+  recv/irecv it is zero (the bytes are counted once, by the sender). For a collective it is the
+  cost of the ring algorithm, the convention of nccl-tests: all-reduce sends 2(n-1)/n of its
+  payload, all-gather, reduce-scatter and all-to-all (n-1)/n, broadcast and reduce 1x. A ring
+  written from send/recv (notebook 01) is therefore measured, not modelled.
+"""
+
+import dataclasses
+import time
+
+import torch
+import torch.distributed as dist
+
+# Multiplier on payload_bytes giving the bytes one rank sends under a ring algorithm (n ranks).
+RING_WIRE_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "all_gather_into_tensor": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "reduce_scatter_tensor": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "all_to_all_single": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0 if n > 1 else 0.0,
+    "reduce": lambda n: 1.0 if n > 1 else 0.0,
+    "gather": lambda n: 1 / n,
+    "scatter": lambda n: (n - 1) / n,
+    "send": lambda n: 1.0,
+    "isend": lambda n: 1.0,
+    "recv": lambda n: 0.0,
+    "irecv": lambda n: 0.0,
+    "barrier": lambda n: 0.0,
+}
+
+
+@dataclasses.dataclass
+class CommRecord:
+    """One call: which operation, how many ranks took part, bytes, and seconds spent in the call."""
+
+    op: str
+    world_size: int
+    payload_bytes: int
+    wire_bytes: float
+    seconds: float  # for async calls (isend, async_op=True) only the time to *start* the operation
+
+
+def _tensor_bytes(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(o) for o in obj)
+    return 0
+
+
+def _payload(op, args, kwargs):
+    """The full-sized tensor argument of each operation (see the module docstring)."""
+    first = args[0] if args else next(iter(kwargs.values()), None)
+    if op in ("reduce_scatter", "reduce_scatter_tensor", "all_to_all", "scatter"):
+        second = args[1] if len(args) > 1 else kwargs.get("input_list", kwargs.get("input", kwargs.get("scatter_list")))
+        return _tensor_bytes(second) if op != "scatter" else _tensor_bytes(second or first)
+    return _tensor_bytes(first)
+
+
+class CommLedger:
+    """Context manager that records every data-moving ``torch.distributed`` call of this rank."""
+
+    def __init__(self):
+        self.records: list[CommRecord] = []
+        self._originals = {}
+
+    def __enter__(self):
+        for op in RING_WIRE_FACTOR:
+            if hasattr(dist, op):
+                self._originals[op] = getattr(dist, op)
+                setattr(dist, op, self._wrap(op, self._originals[op]))
+        return self
+
+    def __exit__(self, *exc):
+        for op, fn in self._originals.items():
+            setattr(dist, op, fn)
+        self._originals.clear()
+        return False
+
+    def _wrap(self, op, fn):
+        def recorded(*args, **kwargs):
+            group = kwargs.get("group")
+            n = dist.get_world_size(group)
+            start = time.perf_counter()
+            result = fn(*args, **kwargs)
+            seconds = time.perf_counter() - start
+            payload = _payload(op, args, kwargs)
+            self.records.append(CommRecord(op, n, payload, payload * RING_WIRE_FACTOR[op](n), seconds))
+            return result
+
+        recorded.__wrapped__ = fn
+        recorded.__name__ = op
+        return recorded
+
+    def total(self, field="wire_bytes", op=None):
+        """Sum of a field ("payload_bytes", "wire_bytes", "seconds") over all calls, or one op's."""
+        return sum(getattr(r, field) for r in self.records if op is None or r.op == op)
+
+    def summary(self):
+        """{op: {"calls", "payload_bytes", "wire_bytes", "seconds"}}, for a table."""
+        out = {}
+        for r in self.records:
+            row = out.setdefault(r.op, {"calls": 0, "payload_bytes": 0, "wire_bytes": 0.0, "seconds": 0.0})
+            row["calls"] += 1
+            row["payload_bytes"] += r.payload_bytes
+            row["wire_bytes"] += r.wire_bytes
+            row["seconds"] += r.seconds
+        return out
+
+    def clear(self):
+        self.records.clear()
