@@ -26,6 +26,14 @@ def course_notebooks():
     return sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "labs").glob("*.ipynb"))
 
 
+def parameters_for(path, **parameters):
+    """A lab runs its checker on the reference solution (labs/solutions/) when it is executed
+    headless: stubs that raise NotImplementedError are what a learner starts from, not a failure."""
+    if Path(path).parent.name == "labs":
+        parameters["USE_REFERENCE"] = True
+    return parameters
+
+
 def notebook_timeout(path):
     meta = json.loads(Path(path).read_text())["metadata"]
     return meta.get("course", {}).get("test_timeout", DEFAULT_TIMEOUT)
@@ -79,7 +87,7 @@ def main(argv):
     paths = [Path(p) for p in argv] or course_notebooks()
     rows = []
     for path in paths:
-        ok, seconds, log = execute(path, BUILD / "course")
+        ok, seconds, log = execute(path, BUILD / "course", parameters_for(path))
         if not ok:
             print(log[-4000:])
         rows.append((f"{path.parent.name}/{path.name}", ok, seconds))

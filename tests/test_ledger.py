@@ -1,0 +1,51 @@
+"""utils.CommLedger: the byte counts every later lesson puts beside its formulas."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from utils import CommLedger, run_ranks
+
+
+def _traffic():
+    n, rank = dist.get_world_size(), dist.get_rank()
+    original = dist.all_reduce
+    with CommLedger() as ledger:
+        dist.all_reduce(torch.ones(1000))  # 4000 payload bytes
+        gathered = [torch.empty(10) for _ in range(n)]
+        dist.all_gather(gathered, torch.ones(10))  # output: n * 40 bytes
+        dist.reduce_scatter_tensor(torch.empty(10), torch.ones(10 * n))  # input: n * 40 bytes
+        dist.broadcast(torch.ones(8), src=0)
+        if rank == 0:
+            dist.send(torch.ones(5), 1)
+        elif rank == 1:
+            dist.recv(torch.empty(5), 0)
+        dist.barrier()
+    assert dist.all_reduce is original, "the ledger puts torch's functions back on exit"
+    dist.all_reduce(torch.ones(1))  # after the with-block: not recorded
+    return ledger.summary(), len(ledger.records)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_payload_and_ring_wire_bytes(n):
+    results = run_ranks(_traffic, world_size=n, verbose=False)
+    s, count = results[0]
+    assert count == 6  # all_reduce, all_gather, reduce_scatter_tensor, broadcast, send, barrier
+    assert s["all_reduce"]["payload_bytes"] == 4000
+    assert s["all_reduce"]["wire_bytes"] == pytest.approx(4000 * 2 * (n - 1) / n)
+    assert s["all_gather"]["payload_bytes"] == 40 * n
+    assert s["all_gather"]["wire_bytes"] == pytest.approx(40 * n * (n - 1) / n)
+    assert s["reduce_scatter_tensor"]["payload_bytes"] == 40 * n
+    assert s["send"] == {"calls": 1, "payload_bytes": 20, "wire_bytes": 20.0, "seconds": s["send"]["seconds"]}
+    receiver = results[1][0]["recv"]
+    assert receiver["payload_bytes"] == 20 and receiver["wire_bytes"] == 0.0  # counted once, by the sender
+
+
+def test_totals_filter_by_op():
+    def run():
+        with CommLedger() as ledger:
+            dist.all_reduce(torch.ones(100))
+            dist.all_reduce(torch.ones(100, dtype=torch.float64))
+        return ledger.total("payload_bytes", op="all_reduce"), ledger.total("payload_bytes", op="send")
+
+    assert run_ranks(run, world_size=2, verbose=False) == [(1200, 0), (1200, 0)]
