@@ -49,3 +49,23 @@ def test_totals_filter_by_op():
         return ledger.total("payload_bytes", op="all_reduce"), ledger.total("payload_bytes", op="send")
 
     assert run_ranks(run, world_size=2, verbose=False) == [(1200, 0), (1200, 0)]
+
+
+def test_loopback_counter_sees_gloo_send_ring_bytes():
+    from utils import loopback_bytes
+
+    def measure(numel):
+        t = torch.ones(numel)
+        dist.all_reduce(t)  # warm the connections
+        dist.barrier()
+        before = loopback_bytes()
+        dist.all_reduce(t)
+        dist.barrier()
+        return None if before is None else loopback_bytes() - before
+
+    n, numel = 2, 2**20
+    total = run_ranks(measure, numel, world_size=n, verbose=False)[0]
+    if total is None:
+        pytest.skip("no loopback counter on this machine")
+    per_rank = total / n
+    assert per_rank == pytest.approx(2 * numel * 4 * (n - 1) / n, rel=0.05)

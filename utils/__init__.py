@@ -17,7 +17,7 @@ Importing ``utils`` starts nothing, seeds nothing and prints nothing.
 from .hardware import describe_machine
 from .datasets import digits
 from .launch import rank_device, run_ranks
-from .ledger import CommLedger
+from .ledger import CommLedger, loopback_bytes
 from .models import ToyNet
 from .rank_errors import RankError, RankTimeoutError
 
@@ -29,5 +29,5 @@ def load_ipython_extension(ipython):
     ipython.register_magics(RanksMagics)
 
 
-__all__ = ["run_ranks", "rank_device", "RankError", "RankTimeoutError", "describe_machine", "CommLedger",
+__all__ = ["run_ranks", "rank_device", "RankError", "RankTimeoutError", "describe_machine", "CommLedger", "loopback_bytes",
            "ToyNet", "digits"]

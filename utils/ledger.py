@@ -24,11 +24,16 @@ Two byte counts per call:
   cost of the ring algorithm, the convention of nccl-tests: all-reduce sends 2(n-1)/n of its
   payload, all-gather, reduce-scatter and all-to-all (n-1)/n, broadcast and reduce 1x. A ring
   written from send/recv (notebook 01) is therefore measured, not modelled.
+
+And one reading that is not a model at all: ``loopback_bytes()``, the byte counter of the
+machine's loopback network interface, which gloo ranks on one machine talk through (notebook 02
+uses it to check what torch's DDP really sends).
 """
 
 import dataclasses
 import time
 
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -133,3 +138,18 @@ class CommLedger:
 
     def clear(self):
         self.records.clear()
+
+
+def loopback_bytes():
+    """Bytes sent so far through this machine's loopback interface, by all processes; None if unknown.
+
+    Ranks on one machine running gloo talk over loopback, so two readings taken around a few steps
+    (after a barrier), divided by the number of ranks, give what each rank really put on the wire,
+    protocol headers included. Any other local traffic in that window counts too: keep it short.
+    Under NCCL the bytes travel over NVLink or PCIe instead, and this counter does not see them.
+    """
+    counters = psutil.net_io_counters(pernic=True)
+    for name in ("lo", "lo0"):  # Linux, macOS
+        if name in counters:
+            return counters[name].bytes_sent
+    return None

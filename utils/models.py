@@ -9,7 +9,8 @@ is checked on the same model:
   rank at the start, yet an optimizer never sees it;
 - a **tied weight** (``mix2.weight is mix1.weight``): one tensor used by two layers. It appears
   once in ``model.parameters()`` but twice in ``named_parameters(remove_duplicate=False)``;
-  reducing it twice doubles its gradient.
+  reducing it twice sends its bytes twice, and if the division by the world size happens once
+  at the end, its gradient comes out n times too large.
 
 Both frozen parameter and buffer start *random*, so with different seeds on different ranks the
 replicas differ until someone broadcasts them, exactly the bug a from-scratch DDP must avoid.
