@@ -69,3 +69,32 @@ def test_loopback_counter_sees_gloo_send_ring_bytes():
         pytest.skip("no loopback counter on this machine")
     per_rank = total / n
     assert per_rank == pytest.approx(2 * numel * 4 * (n - 1) / n, rel=0.05)
+
+
+def test_batch_isend_irecv_works_and_is_recorded():
+    def ring_shift():
+        rank, n = dist.get_rank(), dist.get_world_size()
+        send, recv = torch.full((6,), float(rank)), torch.empty(6)
+        with CommLedger() as ledger:
+            ops = [dist.P2POp(dist.isend, send, (rank + 1) % n), dist.P2POp(dist.irecv, recv, (rank - 1) % n)]
+            assert isinstance(ops[0], dist.P2POp)
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+        return recv[0].item(), ledger.total("wire_bytes"), [r.op for r in ledger.records]
+
+    results = run_ranks(ring_shift, world_size=3, verbose=False)
+    assert [r[0] for r in results] == [2.0, 0.0, 1.0]
+    assert results[0][1:] == (24.0, ["isend", "irecv"])
+
+
+@pytest.mark.skipif(not hasattr(dist, "all_gather_single"), reason="this torch predates all_gather_single")
+def test_single_tensor_collectives_are_recorded():
+    def run():
+        n = dist.get_world_size()
+        with CommLedger() as ledger:
+            dist.all_gather_single(torch.empty(4 * n), torch.ones(4))
+            dist.reduce_scatter_single(torch.empty(4), torch.ones(4 * n))
+        return ledger.summary()
+
+    s = run_ranks(run, world_size=2, verbose=False)[0]
+    assert s["all_gather_single"]["payload_bytes"] == s["reduce_scatter_single"]["payload_bytes"] == 32

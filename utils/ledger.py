@@ -42,8 +42,10 @@ RING_WIRE_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
     "all_gather": lambda n: (n - 1) / n,
     "all_gather_into_tensor": lambda n: (n - 1) / n,
+    "all_gather_single": lambda n: (n - 1) / n,
     "reduce_scatter": lambda n: (n - 1) / n,
     "reduce_scatter_tensor": lambda n: (n - 1) / n,
+    "reduce_scatter_single": lambda n: (n - 1) / n,
     "all_to_all": lambda n: (n - 1) / n,
     "all_to_all_single": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0 if n > 1 else 0.0,
@@ -69,6 +71,19 @@ class CommRecord:
     seconds: float  # for async calls (isend, async_op=True) only the time to *start* the operation
 
 
+def _unwrapping_p2p_op(p2p_op_class):
+    """A P2POp that accepts the ledger's wrapped isend/irecv by handing torch the originals."""
+
+    class P2POp(p2p_op_class):
+        def __new__(cls, op, *args, **kwargs):
+            return super().__new__(cls, getattr(op, "ledger_original", op), *args, **kwargs)
+
+        def __init__(self, op, *args, **kwargs):
+            super().__init__(getattr(op, "ledger_original", op), *args, **kwargs)
+
+    return P2POp
+
+
 def _tensor_bytes(obj):
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
@@ -80,7 +95,7 @@ def _tensor_bytes(obj):
 def _payload(op, args, kwargs):
     """The full-sized tensor argument of each operation (see the module docstring)."""
     first = args[0] if args else next(iter(kwargs.values()), None)
-    if op in ("reduce_scatter", "reduce_scatter_tensor", "all_to_all", "scatter"):
+    if op in ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "scatter"):
         second = args[1] if len(args) > 1 else kwargs.get("input_list", kwargs.get("input", kwargs.get("scatter_list")))
         return _tensor_bytes(second) if op != "scatter" else _tensor_bytes(second or first)
     return _tensor_bytes(first)
@@ -98,6 +113,11 @@ class CommLedger:
             if hasattr(dist, op):
                 self._originals[op] = getattr(dist, op)
                 setattr(dist, op, self._wrap(op, self._originals[op]))
+        # batch_isend_irecv takes P2POp(dist.isend, ...) objects, and torch insists on its own
+        # isend/irecv in them: hand it the originals, and record the batch's ops ourselves.
+        self._originals["P2POp"], self._originals["batch_isend_irecv"] = dist.P2POp, dist.batch_isend_irecv
+        dist.P2POp = _unwrapping_p2p_op(dist.P2POp)
+        dist.batch_isend_irecv = self._wrap_batch(self._originals["batch_isend_irecv"])
         return self
 
     def __exit__(self, *exc):
@@ -117,9 +137,23 @@ class CommLedger:
             self.records.append(CommRecord(op, n, payload, payload * RING_WIRE_FACTOR[op](n), seconds))
             return result
 
-        recorded.__wrapped__ = fn
+        recorded.ledger_original = fn
         recorded.__name__ = op
         return recorded
+
+    def _wrap_batch(self, fn):
+        def recorded_batch(p2p_ops):
+            start = time.perf_counter()
+            works = fn(p2p_ops)
+            seconds = (time.perf_counter() - start) / max(1, len(p2p_ops))
+            for p in p2p_ops:
+                op = "isend" if p.op is self._originals["isend"] else "irecv"  # P2POp holds torch's own
+                payload = _tensor_bytes(p.tensor)
+                n = dist.get_world_size(p.group)
+                self.records.append(CommRecord(op, n, payload, payload * RING_WIRE_FACTOR[op](n), seconds))
+            return works
+
+        return recorded_batch
 
     def total(self, field="wire_bytes", op=None):
         """Sum of a field ("payload_bytes", "wire_bytes", "seconds") over all calls, or one op's."""
