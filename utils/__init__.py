@@ -10,6 +10,7 @@ Each module holds one idea and names the notebook that derives it:
 - ``utils.models``: ``ToyNet``, the course model with a frozen parameter, a buffer and a tied
   weight (notebook 02).
 - ``utils.datasets``: small real data sets shipped inside packages, e.g. ``digits()`` (notebook 02).
+- ``utils.checks``: the checkers of the labs, each with a hint for every classic mistake (labs 01-02).
 
 Importing ``utils`` starts nothing, seeds nothing and prints nothing.
 """
