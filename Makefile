@@ -5,6 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 LAB_ARGS ?=
+PYTEST_ARGS ?=
 # JupyterLab refuses to run as root (common in workshop containers) unless told it may.
 ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 
@@ -26,7 +27,7 @@ lab: setup
 	JUPYTER_PATH=$(CURDIR)/$(VENV)/share/jupyter $(BIN)/jupyter lab $(ROOT_ARGS) $(LAB_ARGS) notebooks/00_start_here.ipynb
 
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 course: setup  ## every notebook with its full parameters, into build/course/, then a table
 	$(BIN)/python tests/notebook_runner.py

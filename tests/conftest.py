@@ -60,13 +60,24 @@ def kernel():
         km.shutdown_kernel(now=True)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--world-sizes", default="2,4",
+                     help="comma-separated WORLD_SIZE values each notebook is executed with (default 2,4)")
+
+
+def pytest_generate_tests(metafunc):
+    if "world_size" in metafunc.fixturenames and "path" in metafunc.fixturenames:
+        sizes = [int(n) for n in metafunc.config.getoption("--world-sizes").split(",")]
+        metafunc.parametrize("world_size", sizes, ids=lambda n: f"ws{n}")
+
+
 def pytest_terminal_summary(terminalreporter):
     if not NOTEBOOK_TIMES:
         return
     from notebook_runner import print_table
 
     terminalreporter.write_line("")
-    print_table(NOTEBOOK_TIMES, "Notebooks (SMOKE=True, WORLD_SIZE=2; executed copies in build/test/)")
+    print_table(NOTEBOOK_TIMES, "Notebooks (SMOKE=True; executed copies in build/test/ws<WORLD_SIZE>/)")
 
 
 @pytest.fixture
