@@ -11,6 +11,7 @@ Each module holds one idea and names the notebook that derives it:
   weight (notebook 02).
 - ``utils.datasets``: small real data sets shipped inside packages, e.g. ``digits()`` (notebook 02).
 - ``utils.checks``: the checkers of the labs, each with a hint for every classic mistake (labs 01-02).
+- ``utils.zero_checks``: the ZeRO lab's checker and the ``adam_update`` it hands learners (lab 03).
 
 Importing ``utils`` starts nothing, seeds nothing and prints nothing.
 """
