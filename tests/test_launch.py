@@ -179,3 +179,14 @@ def test_tensors_come_back_detached_on_the_cpu():
     results = run_ranks(make, world_size=2, verbose=False)
     assert results[1]["w"].tolist() == [2.0, 2.0] and not results[1]["w"].requires_grad
     assert results[1]["pair"][1][0].device.type == "cpu"
+
+
+def test_a_forked_rank_does_not_hang_after_the_caller_used_openmp():
+    a = torch.randn(600, 600)
+    (a @ a).sum()  # the caller's OpenMP pool now exists; a forked rank must not try to use it
+
+    def matmul():
+        b = torch.randn(400, 400)
+        return float((b @ b).sum() * 0) + torch.get_num_threads()
+
+    assert run_ranks(matmul, world_size=1, timeout=20, verbose=False) == [1.0]

@@ -75,6 +75,8 @@ class LaunchPlan:
                 f"{self.start_method} · {self.threads_per_rank} torch thread(s) per rank on {self.cpu_cores} core(s)")
         if self.device == "cpu" and self.world_size > self.cpu_cores:
             line += f" (oversubscribed: {self.world_size} ranks share {self.cpu_cores} cores, so timings are pessimistic)"
+        elif self.device == "cpu" and self.start_method == "fork" and self.world_size < self.cpu_cores:
+            line += " (forked ranks run one thread each: OpenMP does not survive a fork; start_method='spawn' uses more)"
         return line + (f"\n[launch] {self.note}" if self.note else "")
 
 
@@ -114,8 +116,12 @@ def plan_launch(world_size, backend="auto", start_method=None) -> LaunchPlan:
             note = ("CUDA is already initialised in this kernel, so ranks are spawned, not forked (slower start: "
                     "each rank imports torch). Restart the kernel and launch before touching the GPU to fork again.")
         start_method = "spawn"
-    threads = max(1, cores // world_size)  # like torchrun: ranks share the cores instead of fighting over them
-    return LaunchPlan(world_size, backend, device, start_method or "fork", threads, cores, note)
+    start_method = start_method or "fork"
+    # A forked rank must stay single-threaded: GNU OpenMP's thread pool does not survive a fork, and
+    # a rank that starts a parallel region after the kernel used OpenMP hangs for ever. A spawned
+    # rank is a fresh interpreter and shares the cores like torchrun's workers.
+    threads = 1 if start_method == "fork" else max(1, cores // world_size)
+    return LaunchPlan(world_size, backend, device, start_method, threads, cores, note)
 
 
 def rank_device() -> torch.device:
