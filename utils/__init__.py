@@ -10,6 +10,8 @@ Each module holds one idea and names the notebook that derives it:
 - ``utils.models``: ``ToyNet``, the course model with a frozen parameter, a buffer and a tied
   weight (notebook 02).
 - ``utils.datasets``: small real data sets shipped inside packages, e.g. ``digits()`` (notebook 02).
+- ``utils.memory``: bytes a rank holds (counted from tensors, or every live tensor) and the ZeRO
+  paper's formulas beside them (notebook 03).
 - ``utils.checks``: the checkers of the labs, each with a hint for every classic mistake (labs 01-02).
 - ``utils.zero_checks``: the ZeRO lab's checker and the ``adam_update`` it hands learners (lab 03).
 
