@@ -164,6 +164,9 @@ def _rank_main(rank, plan, timeout, payload, store_path, result_w, out_w, err_w)
         pg_timeout = timedelta(seconds=timeout + 60)
         store = dist.FileStore(store_path, plan.world_size)
         dist.init_process_group(plan.backend, store=store, rank=rank, world_size=plan.world_size, timeout=pg_timeout)
+        # init can return on one rank while another is still connecting to it; without this barrier a
+        # rank whose fn returns at once can exit and break its peer's connection ("closed by peer").
+        dist.barrier()
         value = fn(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the launcher
         tb = exc.__traceback__.tb_next or exc.__traceback__  # start at the learner's frame, not this one
