@@ -14,6 +14,8 @@ Each module holds one idea and names the notebook that derives it:
   paper's formulas beside them (notebook 03).
 - ``utils.checks``: the checkers of the labs, each with a hint for every classic mistake (labs 01-02).
 - ``utils.zero_checks``: the ZeRO lab's checker and the ``adam_update`` it hands learners (lab 03).
+- ``utils.tensor_parallel``: which tensor-parallel degrees fit a model, ``check_tp_degree`` (notebook 04).
+- ``utils.tp_checks``: the tensor-parallel lab's checker (lab 04).
 
 Importing ``utils`` starts nothing, seeds nothing and prints nothing.
 """
