@@ -16,6 +16,11 @@ Each module holds one idea and names the notebook that derives it:
 - ``utils.zero_checks``: the ZeRO lab's checker and the ``adam_update`` it hands learners (lab 03).
 - ``utils.tensor_parallel``: which tensor-parallel degrees fit a model, ``check_tp_degree`` (notebook 04).
 - ``utils.tp_checks``: the tensor-parallel lab's checker (lab 04).
+- ``utils.pipeline``: pipeline schedules as op lists (GPipe, 1F1B, interleaved), their simulator, the
+  bubble formula and the plan checks (notebook 05).
+- ``utils.timeline``: ``run_stage``, a schedule run on stage ranks that records every op, and
+  ``draw_gantt`` (notebook 05).
+- ``utils.pipeline_checks``: the pipeline lab's checker (lab 05).
 
 Importing ``utils`` starts nothing, seeds nothing and prints nothing.
 """
