@@ -1,0 +1,87 @@
+"""DeepSpeed on CPU ranks (and on GPUs) without waiting for a C++ compiler.
+
+Derived in notebook 03 (sharded data parallelism, the DeepSpeed part) and used by notebook 06
+(DeepSpeed in practice). DeepSpeed compiles some of its C++ ops *the first time they are used*
+(a JIT build with ninja into ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``):
+on a fresh 2-core machine ``deepspeed_shm_comm`` takes over two minutes, ``fused_adam`` about
+150 s and ``cpu_adam`` about 80 s. Training needs none of them:
+
+- ``deepspeed.initialize`` builds ``deepspeed_shm_comm`` when it creates its communication backend
+  on CPU, though the op only serves *inference* all-reduces. ``avoid_op_builds()`` marks it
+  unavailable in DeepSpeed's own table of compatible ops, which is what DeepSpeed does by itself
+  on a platform without it: collectives then go through ``torch.distributed``.
+- ``"optimizer": {"type": "Adam"}`` in the config builds ``fused_adam`` (``cpu_adam`` with
+  optimizer offload). Hand ``deepspeed.initialize`` a torch optimizer instead, with
+  ``"zero_allow_untested_optimizer": true`` (and ``"zero_force_ds_cpu_optimizer": false`` when
+  offloading the optimizer to the CPU).
+
+The other slow first call is Python imports. ``deepspeed.initialize`` imports torch's compiler
+stack lazily (torch._dynamo when the first torch optimizer is built, and DeepSpeed's optional Muon
+optimizer, which calls ``torch.compile`` at import): measured 8-15 s *per rank* on 2 cores, paid
+again by every launch, because forked ranks do not give their imports back to the kernel.
+Importing them once in the kernel, before the ranks fork, makes a launch take about a second.
+
+``import_deepspeed(world_size)`` (in the kernel, before any rank starts) picks DeepSpeed's
+accelerator the way ``run_ranks`` picks the device, imports DeepSpeed and the modules
+``deepspeed.initialize`` would import in every rank, quiets its per-rank INFO lines and points
+``TORCH_EXTENSIONS_DIR`` at a fresh, empty folder that the forked ranks inherit;
+``avoid_op_builds()`` goes at the top of every rank function that calls ``deepspeed.initialize``;
+``built_ops(folder)`` lists what was compiled anyway (a lesson asserts it is empty).
+"""
+
+import logging
+import os
+import tempfile
+import warnings
+
+SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's inference-only shared-memory all-reduce
+WARM_MODULES = (  # imported lazily by deepspeed.initialize / the pipeline engine (DeepSpeed 0.19)
+    "torch._dynamo",  # the first torch.optim optimizer built imports it
+    "deepspeed.runtime.zero.muon.muon_optimizer",  # is_zero_supported_optimizer imports it; it calls torch.compile
+    "deepspeed.runtime.engine", "deepspeed.runtime.zero.stage_1_and_2", "deepspeed.runtime.zero.stage3",
+    "deepspeed.runtime.bf16_optimizer", "deepspeed.runtime.pipe.engine", "deepspeed.module_inject.auto_ep_config",
+)
+
+
+def import_deepspeed(world_size, quiet=True, warm=True):
+    """In the kernel: import DeepSpeed for ranks like ``run_ranks(world_size=...)``; returns (deepspeed, folder).
+
+    ``DS_ACCELERATOR`` must be set before the import, and is only set if you have not set it.
+    ``warm``: also import ``WARM_MODULES`` here, once, instead of in every rank of every launch.
+    """
+    import importlib
+
+    from .launch import plan_launch
+
+    os.environ.setdefault("DS_ACCELERATOR", plan_launch(world_size).device)  # "cpu" (gloo) or "cuda" (NCCL)
+    import deepspeed
+
+    for name in WARM_MODULES if warm else ():
+        try:
+            importlib.import_module(name)
+        except ImportError:  # moved in another DeepSpeed version: only the warm-up is lost, ranks import it
+            pass
+
+    if quiet:  # its INFO lines print the whole config, once per rank
+        logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    folder = tempfile.mkdtemp(prefix="ds_torch_extensions_")  # EMPTY: any op DeepSpeed compiles lands here
+    os.environ["TORCH_EXTENSIONS_DIR"] = folder  # forked ranks inherit it
+    return deepspeed, folder
+
+
+def avoid_op_builds(folder=None):
+    """Inside a rank, before ``deepspeed.initialize``: no inference-only shm op, no deprecation noise."""
+    import deepspeed.ops
+
+    if folder:
+        os.environ["TORCH_EXTENSIONS_DIR"] = folder
+    warnings.filterwarnings("ignore", message=".*is deprecated. Please use", category=FutureWarning)  # old torch names
+    if SHM_OP not in deepspeed.ops.__compatible_ops__:
+        raise RuntimeError(f"DeepSpeed {deepspeed.__version__} has no op named {SHM_OP!r} any more: update "
+                           "utils/deepspeed_cpu.py (look for 'shm' in deepspeed.ops.__compatible_ops__)")
+    deepspeed.ops.__compatible_ops__[SHM_OP] = False  # not built; gloo / NCCL collectives are used instead
+
+
+def built_ops(folder):
+    """Names of the ops compiled into ``folder`` (an empty list when DeepSpeed compiled nothing)."""
+    return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
