@@ -21,6 +21,10 @@ Each module holds one idea and names the notebook that derives it:
 - ``utils.timeline``: ``run_stage``, a schedule run on stage ranks that records every op, and
   ``draw_gantt`` (notebook 05).
 - ``utils.pipeline_checks``: the pipeline lab's checker (lab 05).
+- ``utils.deepspeed_cpu``: DeepSpeed without compiling a C++ op, its slow imports done once in the
+  kernel (notebooks 03 and 06).
+- ``utils.ds_schema``: what the installed DeepSpeed accepts in its config, learned from DeepSpeed (notebook 06).
+- ``utils.ds_config``: ``check_config``, every problem of a DeepSpeed config at every level (notebook 06).
 
 Importing ``utils`` starts nothing, seeds nothing and prints nothing.
 """
