@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from notebook_runner import ROOT
-from utils.checks import LabCheckFailed
+from utils.grading import LabCheckFailed
 from utils.pipeline_checks import check_one_f_one_b
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/

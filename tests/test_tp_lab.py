@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from notebook_runner import ROOT
 from torch import nn
 
-from utils.checks import LabCheckFailed
+from utils.grading import LabCheckFailed
 from utils.tensor_parallel import check_tp_degree, nearest_tp_degrees, valid_tp_degrees
 from utils.tp_checks import check_operators, check_parallel_linear
 

@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from notebook_runner import ROOT
-from utils.checks import LabCheckFailed
+from utils.grading import LabCheckFailed
 from utils.zero_checks import adam_update, check_shard_bounds, check_zero1, check_zero2
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/

@@ -12,7 +12,9 @@ Each module holds one idea and names the notebook that derives it:
 - ``utils.datasets``: small real data sets shipped inside packages, e.g. ``digits()`` (notebook 02).
 - ``utils.memory``: bytes a rank holds (counted from tensors, or every live tensor) and the ZeRO
   paper's formulas beside them (notebook 03).
-- ``utils.checks``: the checkers of the labs, each with a hint for every classic mistake (labs 01-02).
+- ``utils.grading``: how every lab grades an answer: ``LabCheckFailed`` (a named mistake and its hint),
+  ``CheckResult``, the answer run on ranks with its errors brought back (labs 01-05).
+- ``utils.checks``: the checkers of labs 01-02, each with a hint for every classic mistake.
 - ``utils.zero_checks``: the ZeRO lab's checker and the ``adam_update`` it hands learners (lab 03).
 - ``utils.tensor_parallel``: which tensor-parallel degrees fit a model, ``check_tp_degree`` (notebook 04).
 - ``utils.tp_checks``: the tensor-parallel lab's checker (lab 04).

@@ -1,10 +1,8 @@
 """The checkers of the labs: run the learner's answer on several ranks and explain what is wrong.
 
 Used by ``labs/01_ring_all_reduce_lab.ipynb`` and ``labs/02_ddp_lab.ipynb``; each lab derives what
-its checker looks for. A checker returns a ``CheckResult`` (print it: what was checked, what was
-measured) or raises ``LabCheckFailed``, an ``AssertionError`` whose ``.mistake`` names the classic
-mistake it recognised and whose ``.hint`` says how to fix it. A stub that was never filled in
-raises its own ``NotImplementedError`` again, in the notebook.
+its checker looks for. A checker returns a ``CheckResult`` or raises ``LabCheckFailed`` with the
+classic mistake it recognised and a hint (the grading machinery every lab shares is ``utils.grading``).
 
 Two kinds of evidence, because values alone miss half the mistakes:
 
@@ -16,72 +14,17 @@ Two kinds of evidence, because values alone miss half the mistakes:
   gives the right values and the wrong bill.
 """
 
-import dataclasses
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from .datasets import digits
-from .launch import rank_device, run_ranks
+from .grading import CheckResult, LabCheckFailed, caught, close, first_error, launch_answer, raise_if_error
+from .launch import rank_device
 from .ledger import RING_WIRE_FACTOR, CommLedger
 from .models import ToyNet
-from .rank_errors import RankError, RankTimeoutError
 
 COLLECTIVES = set(RING_WIRE_FACTOR) - {"send", "isend", "recv", "irecv", "barrier"}  # all but point-to-point
-
-
-class LabCheckFailed(AssertionError):
-    """A lab answer was rejected. ``.mistake``: a short key (e.g. "averaged"); ``.hint``: the fix."""
-
-    def __init__(self, mistake, what, hint, world_size=None):
-        where = f" (world_size={world_size})" if world_size else ""
-        super().__init__(f"Not yet{where}: {what}\nHint: {hint}")
-        self.mistake, self.hint, self.world_size = mistake, hint, world_size
-
-
-@dataclasses.dataclass
-class CheckResult:
-    """A passed check: ``lines`` says what was verified and measured, one line per world size."""
-
-    name: str
-    lines: list
-
-    def __str__(self):
-        return "\n".join([f"PASSED: {self.name}"] + [f"  - {line}" for line in self.lines])
-
-
-def _launch(fn, args, world_size, timeout, name, hang_hint):
-    """run_ranks, with a hang or a crash that escaped the learner's code turned into a hint."""
-    __tracebackhide__ = True  # IPython and pytest show the learner's cell, not this frame
-    try:
-        return run_ranks(fn, *args, world_size=world_size, timeout=timeout, verbose=False)
-    except RankTimeoutError as err:
-        stuck = {r: s.strip().splitlines()[-1].strip() for r, s in err.stacks.items() if s != "finished normally"}
-        raise LabCheckFailed("deadlock", f"the ranks were still running after {timeout:g} s and were stopped; "
-                             f"last line of each stuck rank: {stuck}", hang_hint, world_size) from None
-    except RankError as err:
-        raise LabCheckFailed("crash", f"rank {err.rank} crashed:\n{err}", f"{name} must run on every rank without "
-                             "error; read the traceback above.", world_size) from None
-
-
-def _caught(exc, where):
-    """What a rank reports when the learner's code raised: (rank, exception type, message)."""
-    return dist.get_rank(), type(exc).__name__, f"in {where}: {exc}"
-
-
-def _raise_if_error(error, world_size, hints=()):
-    """Re-raise a stub's NotImplementedError as itself, anything else with a hint (phrase -> mistake)."""
-    __tracebackhide__ = True
-    if error is None:
-        return
-    rank, kind, message = error
-    if kind == "NotImplementedError":
-        raise NotImplementedError(f"{message}\n(raised on rank {rank}: write your code between the "
-                                  "## YOUR CODE markers, then run this cell again)")
-    mistake = next((m for phrase, m in hints if phrase in message), "crash")
-    hint = (RING_HINTS | DDP_HINTS).get(mistake, "your code must run on every rank without error; read the message.")
-    raise LabCheckFailed(mistake, f"rank {rank} raised {kind} {message}", hint, world_size)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -129,7 +72,7 @@ def _ring_on_rank(fn, cases):
             try:
                 returned = fn(tensor)
             except Exception as exc:  # noqa: BLE001 - reported to the learner in the kernel
-                error = _caught(exc, "ring_all_reduce")
+                error = caught(exc, "ring_all_reduce")
         out.append(dict(numel=numel, dtype=dtype, original=original, expected=expected, got=tensor, error=error,
                         returned=returned if isinstance(returned, torch.Tensor) else None,
                         sent=ledger.total("wire_bytes"), ops=sorted({r.op for r in ledger.records} & COLLECTIVES)))
@@ -166,14 +109,14 @@ def check_ring_all_reduce(fn, world_sizes=(2, 3, 4), timeout=20.0):
     __tracebackhide__ = True
     lines = []
     for n in world_sizes:
-        per_rank = _launch(_ring_on_rank, (fn, ring_cases(n)), n, timeout, "ring_all_reduce", RING_HINTS["deadlock"])
+        per_rank = launch_answer(_ring_on_rank, (fn, ring_cases(n)), n, timeout, "ring_all_reduce", RING_HINTS["deadlock"])
         for i, case in enumerate(per_rank[0]):
             ranks = [r[i] for r in per_rank if i < len(r)]
             label = f"a {case['numel']:,}-element {str(case['dtype']).replace('torch.', '')} tensor"
             used = sorted({op for r in ranks for op in r["ops"]})
             if used:
                 raise LabCheckFailed("used_collective", f"{label}: called {used}.", RING_HINTS["used_collective"], n)
-            error = next((r["error"] for r in ranks if r["error"]), None)
+            error = first_error(ranks)
             mistake = _ring_values(n, ranks) if len(ranks) == n and not error else None
             bytes_each = case["numel"] * case["got"].element_size()
             ideal, sent = 2 * (n - 1) * bytes_each, sum(r["sent"] for r in ranks)
@@ -186,7 +129,7 @@ def check_ring_all_reduce(fn, world_sizes=(2, 3, 4), timeout=20.0):
                 raise LabCheckFailed(mistake, f"{label}: rank {r} is wrong at {bad.numel()} of {case['numel']} "
                                      f"elements, first at index {bad[0].item()}: got {got[bad[0]].item()}, expected "
                                      f"{exp[bad[0]].item()} (the sum of the ranks' inputs).", RING_HINTS[mistake], n)
-            _raise_if_error(error, n)
+            raise_if_error(error, n, RING_HINTS)
             largest = -(-case["numel"] // n) * case["got"].element_size()  # ceil(numel / n) elements
             if sent != ideal or max(r["sent"] for r in ranks) > 2 * (n - 1) * largest:
                 mistake = "too_many_bytes" if sent >= ideal else "too_few_bytes"
@@ -235,14 +178,6 @@ def _max_diff(a, b):
     return max((a[k].double() - b[k].double()).abs().max().item() for k in b)
 
 
-def _close(a, b, tolerance):
-    try:
-        torch.testing.assert_close(a, b, **tolerance)
-        return True
-    except AssertionError:
-        return False
-
-
 def _ddp_on_rank(broadcast_parameters, average_gradients, x, y, batches, lr, seed):
     """Runs on every rank: a different random init per rank, broadcast, then SGD on a shard."""
     rank, n, device = dist.get_rank(), dist.get_world_size(), rank_device()
@@ -267,7 +202,7 @@ def _ddp_on_rank(broadcast_parameters, average_gradients, x, y, batches, lr, see
             opt.step()
         out["final"] = _state(model)
     except Exception as exc:  # noqa: BLE001 - reported to the learner in the kernel
-        out["error"] = _caught(exc, stage)
+        out["error"] = caught(exc, stage)
     return out
 
 
@@ -307,11 +242,11 @@ def check_ddp(broadcast_parameters, average_gradients, world_sizes=(2, 4), steps
     for n in world_sizes:
         order = torch.randperm(len(x), generator=torch.Generator().manual_seed(n))
         batches = order.repeat(1 + steps * 16 * n // len(x))[: steps * 16 * n].view(steps, 16 * n)  # (steps, 16n)
-        ranks = _launch(_ddp_on_rank, (broadcast_parameters, average_gradients, x, y, batches, lr, 1000), n, timeout,
+        ranks = launch_answer(_ddp_on_rank, (broadcast_parameters, average_gradients, x, y, batches, lr, 1000), n, timeout,
                         "broadcast_parameters / average_gradients", DDP_HINTS["deadlock"])
-        error = next((r["error"] for r in ranks if r["error"]), None)
+        error = first_error(ranks)
         if error and error[2].startswith("in broadcast_parameters"):
-            _raise_if_error(error, n)
+            raise_if_error(error, n, DDP_HINTS)
         start = ranks[0]["initial"]
         differ = {k for r in ranks for k in start if not torch.equal(r["after_broadcast"][k], start[k])}
         for mistake, keys in (("no_broadcast", differ - buffers - frozen), ("buffers", differ & buffers),
@@ -319,7 +254,7 @@ def check_ddp(broadcast_parameters, average_gradients, world_sizes=(2, 4), steps
             if keys:
                 raise LabCheckFailed(mistake, f"after broadcast_parameters, {sorted(keys)} differ from rank 0's "
                                      "initial values on some rank.", DDP_HINTS[mistake], n)
-        _raise_if_error(error, n, hints=[("NoneType", "frozen_reduced")])
+        raise_if_error(error, n, DDP_HINTS, phrases=[("NoneType", "frozen_reduced")])
         extra, tied = ranks[0]["reduce_bytes"] - trainable, size["mix1.weight"]  # a known tensor's exact size?
         for mistake, waste in (("tied_twice", tied), ("frozen_reduced", frozen_bytes),
                                ("tied_twice", tied + frozen_bytes)):
@@ -333,7 +268,7 @@ def check_ddp(broadcast_parameters, average_gradients, world_sizes=(2, 4), steps
             raise LabCheckFailed("not_reduced", f"the gradients of {sorted(grads)} differ between ranks (one process "
                                  f"has gradients for {sorted(ref_grads)}).", DDP_HINTS["not_reduced"], n)
         diff = _max_diff(grads, ref_grads)
-        if not _close(grads, ref_grads, GRAD_TOL):
+        if not close(grads, ref_grads, GRAD_TOL):
             mistake = "not_divided" if _max_diff(grads, {k: n * g for k, g in ref_grads.items()}) < 1e-4 else \
                 "wrong_gradients"
             raise LabCheckFailed(mistake, f"the gradients after average_gradients differ from one process on the "
@@ -342,7 +277,7 @@ def check_ddp(broadcast_parameters, average_gradients, world_sizes=(2, 4), steps
             raise LabCheckFailed("bytes", f"average_gradients reduced {ranks[0]['reduce_bytes']:,} bytes, not the "
                                  f"{trainable:,} bytes of trainable gradients.", DDP_HINTS["bytes"], n)
         drift = max(_max_diff(r["final"], ref_final) for r in ranks)
-        if not all(_close(r["final"], ref_final, WEIGHT_TOL) for r in ranks):
+        if not all(close(r["final"], ref_final, WEIGHT_TOL) for r in ranks):
             raise LabCheckFailed("diverged", f"after {steps} steps the weights differ from single-process training "
                                  f"by up to {drift:.3g}.", DDP_HINTS["diverged"], n)
         lines.append(f"world_size={n}: replicas = rank 0 after broadcast ({ranks[0]['broadcast_bytes']:,} bytes); "

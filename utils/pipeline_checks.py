@@ -3,7 +3,7 @@
 Used by ``labs/05_pipeline_lab.ipynb``. The learner writes ``one_f_one_b(stage, stages,
 microbatches) -> list of ("F", mb) / ("B", mb)``, the ops stage ``stage`` runs, in order (see
 ``utils.pipeline`` for the conventions; notebook 05 derives them). Same conventions as
-``utils.checks``: a ``CheckResult`` on success, else ``LabCheckFailed`` with ``.mistake`` and
+``utils.grading``: a ``CheckResult`` on success, else ``LabCheckFailed`` with ``.mistake`` and
 ``.hint``. The evidence, in the order it is checked:
 
 1. **form**: a list of ("F", int) / ("B", int) tuples, F and B of every micro-batch exactly once;
@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .checks import CheckResult, LabCheckFailed, _launch
+from .grading import CheckResult, LabCheckFailed, launch_answer
 from .launch import rank_device
 from .pipeline import (PipelineDeadlock, bubble_fraction, idle_fraction, microbatch_size, peak_in_flight, simulate,
                        split_layers)
@@ -150,7 +150,7 @@ def check_one_f_one_b(fn, world_sizes=(2,), timeout=60):
         m = 2 * p
         orders = _orders(fn, p, m)
         _check_structure(orders, p, m)
-        ranks = _launch(_run_on_rank, (orders, m), p, timeout, "one_f_one_b's schedule",
+        ranks = launch_answer(_run_on_rank, (orders, m), p, timeout, "one_f_one_b's schedule",
                         PIPELINE_HINTS["deadlock"])
         ref_loss, ref_grads = reference_grads(p, m)
         loss = ranks[-1][0]

@@ -6,7 +6,7 @@ identity forward, all-reduce backward) and ``g`` (ReduceFromTensorParallelRegion
 forward, identity backward), and two modules built from a full ``nn.Linear``:
 ``ColumnParallelLinear(full, rank, world_size)`` (weight (out/t, in), bias (out/t,)) and
 ``RowParallelLinear(full, rank, world_size)`` (weight (out, in/t), bias (out,), added once).
-Same conventions as ``utils.checks``: a ``CheckResult`` on success, else ``LabCheckFailed`` with
+Same conventions as every lab (``utils.grading``): a ``CheckResult`` on success, else ``LabCheckFailed`` with
 ``.mistake`` and ``.hint``. Three kinds of evidence:
 
 - **values**: on small integer inputs the operators' outputs and gradients are exact, so a wrong
@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .checks import CheckResult, LabCheckFailed, _caught, _launch, _raise_if_error
+from .grading import CheckResult, LabCheckFailed, caught, first_error, launch_answer, raise_if_error
 from .ledger import CommLedger
 
 TP_HINTS = {
@@ -76,7 +76,7 @@ def _operators_on_rank(f, g):
             with CommLedger() as backward:
                 y.backward(10 * (rank + 1) * base)
         except Exception as exc:  # noqa: BLE001 - reported to the learner in the kernel
-            out["error"] = _caught(exc, f"{name}")
+            out["error"] = caught(exc, f"{name}")
             return out
         out[name] = {"y": y.detach().clone(), "grad": x.grad.clone(), "changed": changed,
                      "ops": ([r.op for r in forward.records], [r.op for r in backward.records])}
@@ -108,8 +108,8 @@ def check_operators(f, g, world_sizes=(2, 4), timeout=30.0):
     __tracebackhide__ = True
     lines = []
     for n in world_sizes:
-        ranks = _launch(_operators_on_rank, (f, g), n, timeout, "f and g", TP_HINTS["deadlock"])
-        _raise_if_error(next((r["error"] for r in ranks if r["error"]), None), n)
+        ranks = launch_answer(_operators_on_rank, (f, g), n, timeout, "f and g", TP_HINTS["deadlock"])
+        raise_if_error(first_error(ranks), n, TP_HINTS)
         base, total = torch.arange(1.0, 7.0), n * (n + 1) / 2
         for rank, r in enumerate(ranks):
             for name in ("f", "g"):
@@ -151,7 +151,7 @@ def _layers_on_rank(column_cls, row_cls):
         with CommLedger() as bwd:
             (y * weights).sum().backward()
     except Exception as exc:  # noqa: BLE001 - reported to the learner in the kernel
-        out["error"] = _caught(exc, "your layers")
+        out["error"] = caught(exc, "your layers")
         return out
     x_full = x.clone().requires_grad_()
     y_ref = fc2(F.gelu(fc1(x_full)))
@@ -210,16 +210,11 @@ def check_parallel_linear(column_cls, row_cls, world_sizes=(2, 4), timeout=30.0)
     __tracebackhide__ = True
     lines = []
     for n in world_sizes:
-        ranks = _launch(_layers_on_rank, (column_cls, row_cls), n, timeout, "the parallel layers", TP_HINTS["deadlock"])
+        ranks = launch_answer(_layers_on_rank, (column_cls, row_cls), n, timeout, "the parallel layers", TP_HINTS["deadlock"])
         first = ranks[0]
         if "shapes" in first:
             _judge_shapes(first["shapes"], n)
-        error = next((r["error"] for r in ranks if r["error"]), None)
-        if error and error[1] != "NotImplementedError":
-            mistake = next((m for phrase, m in ERROR_PHRASES if phrase in error[2]), None)
-            if mistake:
-                _fail(mistake, f"rank {error[0]} raised {error[1]} {error[2]}", n)
-        _raise_if_error(error, n)
+        raise_if_error(first_error(ranks), n, TP_HINTS, ERROR_PHRASES)
         _judge_collectives(first["ops"], n)
         worst = 0.0
         for rank, r in enumerate(ranks):

@@ -5,7 +5,7 @@ Used by ``labs/03_zero_lab.ipynb``, which derives what is checked here. The lear
 ``step(flat_param, flat_grad, state, lr) -> None``: ``flat_param`` (Ψ,) holds every trainable
 parameter (the same on all ranks, updated in place), ``flat_grad`` (Ψ,) this rank's local
 gradient, ``state`` a dict that persists between steps and holds *all* the optimizer state of
-this rank (filled by ``adam_update``). Same conventions as ``utils.checks``: a ``CheckResult`` on
+this rank (filled by ``adam_update``). Same conventions as every lab (``utils.grading``): a ``CheckResult`` on
 success (here ``ZeroCheckResult``, with the measured numbers in ``.measured``), else
 ``LabCheckFailed`` with ``.mistake`` and ``.hint``. Three kinds of evidence:
 
@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .checks import WEIGHT_TOL, CheckResult, LabCheckFailed, _caught, _close, _launch, _raise_if_error
+from .checks import WEIGHT_TOL
+from .grading import CheckResult, LabCheckFailed, caught, close, first_error, launch_answer, raise_if_error
 from .datasets import digits
 from .launch import rank_device
 from .ledger import CommLedger
@@ -205,7 +206,7 @@ def _zero_on_rank(step_fn, x, y, batches, seed):
 
         out["model"] = _run_case(step_fn, flat, local_grad, len(batches))
     except Exception as exc:  # noqa: BLE001 - reported to the learner in the kernel
-        out["error"] = _caught(exc, getattr(step_fn, "__name__", "your step"))
+        out["error"] = caught(exc, getattr(step_fn, "__name__", "your step"))
     return out
 
 
@@ -218,11 +219,11 @@ def _judge_values(case, ranks, n, label):
             _fail("state_reset", f"{label}: after {len(r['records'])} steps rank {rank}'s state says step 1.", n)
         mine, ref_m = r["exp_avg"], r["ref_exp_avg"]  # Adam's m: linear in the gradients it was given
         if n > 1 and mine is not None and mine.numel() >= ref_m.numel() > 0 and ref_m.abs().max() > 0 \
-                and _close(mine[: ref_m.numel()], n * ref_m, WEIGHT_TOL):
+                and close(mine[: ref_m.numel()], n * ref_m, WEIGHT_TOL):
             _fail("not_divided", f"{label}: rank {rank}'s Adam exp_avg is {n} x DDP's (the summed gradient).", n)
     ref = rs[0]["ref"]
     diff = max((r["final"].double() - ref.double()).abs().max().item() for r in rs)
-    if all(_close(r["final"], ref, WEIGHT_TOL) for r in rs):
+    if all(close(r["final"], ref, WEIGHT_TOL) for r in rs):
         return diff
     if all(r["state_bytes"] == 0 for r in rs):
         _fail("state_reset", f"{label}: the parameters differ from DDP's by up to {diff:.3g}, and the `state` dict "
@@ -280,14 +281,9 @@ def _check_zero(stage, step_fn, shard_bounds, world_sizes, steps, timeout):
     for n in world_sizes:
         order = torch.randperm(len(x), generator=torch.Generator().manual_seed(n))
         batches = order[: steps * 16 * n].view(steps, 16 * n)  # (steps, 16n): 16 samples per rank per step
-        ranks = _launch(_zero_on_rank, (step_fn, x, y, batches, 0), n, timeout, f"zero{stage}_step",
+        ranks = launch_answer(_zero_on_rank, (step_fn, x, y, batches, 0), n, timeout, f"zero{stage}_step",
                         ZERO_HINTS["deadlock"])
-        error = next((r["error"] for r in ranks if r["error"]), None)
-        if error and error[1] != "NotImplementedError":
-            mistake = next((m for phrase, m in ERROR_PHRASES if phrase in error[2]), None)
-            if mistake:
-                _fail(mistake, f"rank {error[0]} raised {error[1]} {error[2]}", n)
-        _raise_if_error(error, n)
+        raise_if_error(first_error(ranks), n, ZERO_HINTS, ERROR_PHRASES)
         unit_diff = _judge_values("unit", ranks, n, f"one step on {4 * n + 1} elements")
         diff = _judge_values("model", ranks, n, f"{steps} Adam steps of ToyNet on digits")
         psi = ranks[0]["model"]["final"].numel()

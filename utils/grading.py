@@ -1,0 +1,96 @@
+"""How a lab grades an answer: run it on ranks, and turn what went wrong into a named mistake with a hint.
+
+Shared by the checker of every lab: ``utils.checks`` (labs 01-02), ``utils.zero_checks`` (lab 03),
+``utils.tp_checks`` (lab 04) and ``utils.pipeline_checks`` (lab 05). A checker returns a
+``CheckResult`` (print it: what was checked, what was measured) or raises ``LabCheckFailed``, an
+``AssertionError`` whose ``.mistake`` names the classic mistake it recognised and whose ``.hint``
+says how to fix it. A stub that was never filled in raises its own ``NotImplementedError`` again,
+in the notebook, so a learner who runs the check too early is told to write code, not graded.
+
+The learner's code runs *inside* the ranks, where an exception would end the rank and hide what
+the other ranks saw. So a checker's rank function catches it and returns it as data,
+``caught(exc, where)``; the checker then looks at every rank's report at once and raises in the
+notebook with ``raise_if_error``. A hang or a crash outside the learner's code comes back from
+``launch_answer`` as a ``LabCheckFailed`` that says what a hang usually means in that lab.
+"""
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+
+from .launch import run_ranks
+from .rank_errors import RankError, RankTimeoutError
+
+GENERIC_HINT = "your code must run on every rank without error; read the message."
+
+
+class LabCheckFailed(AssertionError):
+    """A lab answer was rejected. ``.mistake``: a short key (e.g. "averaged"); ``.hint``: the fix."""
+
+    def __init__(self, mistake, what, hint, world_size=None):
+        where = f" (world_size={world_size})" if world_size else ""
+        super().__init__(f"Not yet{where}: {what}\nHint: {hint}")
+        self.mistake, self.hint, self.world_size = mistake, hint, world_size
+
+
+@dataclasses.dataclass
+class CheckResult:
+    """A passed check: ``lines`` says what was verified and measured, one line per world size."""
+
+    name: str
+    lines: list
+
+    def __str__(self):
+        return "\n".join([f"PASSED: {self.name}"] + [f"  - {line}" for line in self.lines])
+
+
+def launch_answer(fn, args, world_size, timeout, name, hang_hint):
+    """run_ranks, with a hang or a crash that escaped the learner's code turned into a hint."""
+    __tracebackhide__ = True  # IPython and pytest show the learner's cell, not this frame
+    try:
+        return run_ranks(fn, *args, world_size=world_size, timeout=timeout, verbose=False)
+    except RankTimeoutError as err:
+        stuck = {r: s.strip().splitlines()[-1].strip() for r, s in err.stacks.items() if s != "finished normally"}
+        raise LabCheckFailed("deadlock", f"the ranks were still running after {timeout:g} s and were stopped; "
+                             f"last line of each stuck rank: {stuck}", hang_hint, world_size) from None
+    except RankError as err:
+        raise LabCheckFailed("crash", f"rank {err.rank} crashed:\n{err}", f"{name} must run on every rank without "
+                             "error; read the traceback above.", world_size) from None
+
+
+def caught(exc, where):
+    """Inside a rank: what to report when the learner's code raised, as (rank, exception type, message)."""
+    return dist.get_rank(), type(exc).__name__, f"in {where}: {exc}"
+
+
+def first_error(ranks):
+    """The report of the lowest rank that caught an error (``ranks``: dicts with an "error" entry), or None."""
+    return next((r["error"] for r in ranks if r.get("error")), None)
+
+
+def raise_if_error(error, world_size, hints, phrases=()):
+    """In the notebook: re-raise a stub's NotImplementedError as itself, anything else as a named mistake.
+
+    ``phrases``: (phrase, mistake) pairs; the first phrase found in the message names the mistake
+    (e.g. torch's "shapes cannot be multiplied" for a weight split along the wrong dimension),
+    otherwise it is a "crash". ``hints``: the lab's mistake -> hint table.
+    """
+    __tracebackhide__ = True
+    if error is None:
+        return
+    rank, kind, message = error
+    if kind == "NotImplementedError":
+        raise NotImplementedError(f"{message}\n(raised on rank {rank}: write your code between the "
+                                  "## YOUR CODE markers, then run this cell again)")
+    mistake = next((m for phrase, m in phrases if phrase in message), "crash")
+    raise LabCheckFailed(mistake, f"rank {rank} raised {kind} {message}", hints.get(mistake, GENERIC_HINT), world_size)
+
+
+def close(a, b, tolerance):
+    """``torch.testing.assert_close`` as a yes/no answer, for a checker that goes on to diagnose."""
+    try:
+        torch.testing.assert_close(a, b, **tolerance)
+        return True
+    except AssertionError:
+        return False
