@@ -3,6 +3,7 @@
 Each module holds one idea and names the notebook that derives it:
 
 - ``utils.launch``: ``run_ranks``, the launcher behind every multi-rank cell (notebook 00).
+- ``utils.rank_process``: what runs inside each rank process that ``run_ranks`` starts (notebook 00).
 - ``utils.magics``: the ``%%ranks N`` cell magic, loaded with ``%load_ext utils`` (notebook 00).
 - ``utils.rank_errors``: which rank failed first, and where hung ranks were stuck (notebook 00).
 - ``utils.hardware``: what this machine has, said out loud (notebook 00).

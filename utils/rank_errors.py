@@ -104,7 +104,7 @@ def trim_stack(dump):
     """Keep faulthandler's frames down to the rank's entry point; drop multiprocessing's below it."""
     kept = []
     for line in dump:
-        if "in _rank_main" in line:  # the launcher's own entry point: below it is multiprocessing
+        if "in rank_main" in line:  # the launcher's own entry point: below it is multiprocessing
             if len(kept) <= 1:  # stuck in the launcher itself (before fn started): say so
                 kept.append(line)
             break
