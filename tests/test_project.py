@@ -53,6 +53,19 @@ def test_notebook_has_parameters_cell(path):
         assert re.search(rf"^{knob}\s*=", source, re.M), f"{path.name}: parameters cell lacks {knob}"
 
 
+OUTPUT_WIDGETS = re.compile(r"\binteract(ive|ive_output)?\(|widgets\.Output\(")
+
+
+@pytest.mark.parametrize("path", course_notebooks(), ids=lambda p: p.name)
+def test_notebook_has_no_output_widget(path):
+    """papermill's client plays front end for Output widgets (interact, interactive_output) and can deadlock
+    on them: the kernel idles and the run hangs until its timeout (nbclient#312; seen here on notebook 03).
+    Update an HTML, Label or Image widget from an ``observe`` callback instead."""
+    code = "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
+    found = OUTPUT_WIDGETS.search(code)
+    assert not found, f"{path.name} uses {found.group(0)!r}: an Output widget can hang papermill (see the docstring)"
+
+
 def test_layout():
     for name in ("notebooks", "labs", "utils", "data", "tests", "environment.yml", "README.md",
                  "pyproject.toml", "Makefile", ".ci/run", ".gitignore"):
