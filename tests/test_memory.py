@@ -28,8 +28,10 @@ def test_live_bytes_count_each_storage_once_and_see_dtensor_shards():
         views = (base[10:20], base.view(10, 100))  # noqa: F841 - views share base's storage
         after_views = live_tensor_bytes() - before
         mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-        before_shard = live_tensor_bytes()  # the mesh holds a small tensor of its own
-        sharded = distribute_tensor(torch.ones(100, 100), mesh, [Shard(0)])  # noqa: F841
+        full = torch.ones(100, 100)  # alive in both snapshots: a scatter still in flight may hold views of it
+        before_shard = live_tensor_bytes()  # (after the mesh, which holds a small tensor of its own)
+        sharded = distribute_tensor(full, mesh, [Shard(0)])  # noqa: F841
+        dist.barrier()
         return after_views, live_tensor_bytes() - before_shard
 
     views, shard = run_ranks(measure, world_size=2, verbose=False)[0]
