@@ -34,9 +34,22 @@ def parameters_for(path, **parameters):
     return parameters
 
 
+def course_metadata(path):
+    """The notebook's ``metadata.course``: test_timeout (seconds), world_sizes (the WORLD_SIZEs it supports)."""
+    return json.loads(Path(path).read_text())["metadata"].get("course", {})
+
+
 def notebook_timeout(path):
-    meta = json.loads(Path(path).read_text())["metadata"]
-    return meta.get("course", {}).get("test_timeout", DEFAULT_TIMEOUT)
+    return course_metadata(path).get("test_timeout", DEFAULT_TIMEOUT)
+
+
+def supported_world_sizes(path):
+    """The WORLD_SIZEs a notebook's lesson can use, from metadata.course.world_sizes; None = any.
+
+    A lesson that cannot use a size (tensor parallelism over 5 ranks with 12 heads, a collective
+    on 1 rank) says so in its parameters cell and raises at once; this list lets the suite skip it."""
+    sizes = course_metadata(path).get("world_sizes")
+    return None if sizes is None else [int(n) for n in sizes]
 
 
 def kernel_env():

@@ -1,20 +1,57 @@
 """Every notebook and lab, executed end to end by papermill with small parameters.
 
 A notebook is a test: its asserts are the claims of the lesson. Parameters injected into the cell
-tagged ``parameters``: SMOKE=True (tiny sizes) and WORLD_SIZE, once with 2 and once with 4 ranks
-(``pytest --world-sizes=2`` for a quicker run); labs also get USE_REFERENCE=True, so that their
-checker runs on the reference solution (tests/test_labs.py feeds it wrong ones).
+tagged ``parameters``: SMOKE=True (tiny sizes) and WORLD_SIZE, once per size of ``--world-sizes``
+(conftest.py; ``pytest --world-sizes=1,2,3,4,5,6`` for the full matrix); labs also get
+USE_REFERENCE=True, so that their checker runs on the reference solution (tests/test_labs.py feeds
+it wrong ones). A notebook whose lesson cannot use a size lists the sizes it can in
+``metadata.course.world_sizes``: the other sizes are skipped here, and the notebook itself raises
+a clear error for them (tested below).
 """
 
 import pytest
 from conftest import NOTEBOOK_TIMES
-from notebook_runner import BUILD, ROOT, course_notebooks, execute, parameters_for
+from notebook_runner import BUILD, ROOT, course_notebooks, execute, parameters_for, supported_world_sizes
 
 
 @pytest.mark.notebook
 @pytest.mark.parametrize("path", course_notebooks(), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_notebook_runs(path, world_size):  # world_size: from --world-sizes (conftest.py)
+    supported = supported_world_sizes(path)
+    if supported is not None and world_size not in supported:
+        pytest.skip(f"{path.name} cannot use WORLD_SIZE={world_size} (metadata.course.world_sizes = {supported}); "
+                    "its parameters cell says why")
     out = BUILD / "test" / f"ws{world_size}"
     ok, seconds, log = execute(path, out, parameters_for(path, SMOKE=True, WORLD_SIZE=world_size))
     NOTEBOOK_TIMES.append((f"{path.relative_to(ROOT)} (WORLD_SIZE={world_size})", ok, seconds))
     assert ok, f"{path.name} failed under papermill with WORLD_SIZE={world_size} (executed copy in {out}):\n{log[-6000:]}"
+
+
+def test_world_sizes_metadata():
+    """Each list is a sorted set of sizes within 1-8 that includes 2, the size every lesson runs at."""
+    for path in course_notebooks():
+        sizes = supported_world_sizes(path)
+        if sizes is not None:
+            assert sizes == sorted(set(sizes)) and 2 in sizes and all(1 <= n <= 8 for n in sizes), (path.name, sizes)
+
+
+def _unsupported(path):
+    sizes = supported_world_sizes(path)
+    return [] if sizes is None else [n for n in range(1, 7) if n not in sizes]
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("path", [p for p in course_notebooks() if _unsupported(p)],
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_unsupported_world_size_fails_early(path):
+    """The first size a lesson cannot use stops it in its first code cells, with a ValueError naming it."""
+    import json
+
+    world_size = _unsupported(path)[0]
+    out = BUILD / "test" / "unsupported"
+    ok, seconds, log = execute(path, out, parameters_for(path, SMOKE=True, WORLD_SIZE=world_size), timeout=120)
+    assert not ok, f"{path.name} ran to the end with WORLD_SIZE={world_size}, which its metadata says it cannot use"
+    assert "ValueError" in log and f"WORLD_SIZE={world_size}" in log, log[-3000:]
+    executed = [c for c in json.loads((out / path.parent.name / path.name).read_text())["cells"]
+                if c["cell_type"] == "code" and c.get("execution_count")]
+    assert len(executed) <= 4, f"{path.name}: the error came only after {len(executed)} code cells"
