@@ -11,6 +11,9 @@ the formulas::
 How it works: while the ``with`` block runs, the functions of ``torch.distributed`` that move data
 (``all_reduce``, ``send``, ``isend`` ...) are replaced by thin wrappers that note the call and then
 call the original. Nothing in torch is forked or modified; on exit the originals are put back.
+``utils.compat``'s three functions (the same collectives under one name on torch 2.11-2.13) are
+wrapped too, and a call made *inside* a recorded call is part of it: a compat function that falls
+back to another collective is recorded once, under its own name, with its own bytes.
 Only calls made through ``torch.distributed``'s Python functions are seen: torch's DDP, for
 example, talks to the backend from C++, so notebook 02 routes its gradients through a DDP
 *communication hook*, which calls ``dist.all_reduce`` and is therefore seen.
@@ -31,11 +34,14 @@ uses it to check what torch's DDP really sends).
 """
 
 import dataclasses
+import threading
 import time
 
 import psutil
 import torch
 import torch.distributed as dist
+
+from . import compat
 
 # Multiplier on payload_bytes giving the bytes one rank sends under a ring algorithm (n ranks).
 RING_WIRE_FACTOR = {
@@ -96,7 +102,8 @@ def _payload(op, args, kwargs):
     """The full-sized tensor argument of each operation (see the module docstring)."""
     first = args[0] if args else next(iter(kwargs.values()), None)
     if op in ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "scatter"):
-        second = args[1] if len(args) > 1 else kwargs.get("input_list", kwargs.get("input", kwargs.get("scatter_list")))
+        names = ("input_list", "input_tensor_list", "input", "scatter_list")  # torch's keyword for that side
+        second = args[1] if len(args) > 1 else next((kwargs[k] for k in names if k in kwargs), None)
         return _tensor_bytes(second) if op != "scatter" else _tensor_bytes(second or first)
     return _tensor_bytes(first)
 
@@ -106,13 +113,17 @@ class CommLedger:
 
     def __init__(self):
         self.records: list[CommRecord] = []
-        self._originals = {}
+        self._originals, self._compat_originals = {}, {}
+        self._inside = threading.local()  # .call is True while this thread is in a recorded call
 
     def __enter__(self):
         for op in RING_WIRE_FACTOR:
             if hasattr(dist, op):
                 self._originals[op] = getattr(dist, op)
                 setattr(dist, op, self._wrap(op, self._originals[op]))
+        for op in compat.__all__:
+            self._compat_originals[op] = getattr(compat, op)
+            setattr(compat, op, self._wrap(op, self._compat_originals[op]))
         # batch_isend_irecv takes P2POp(dist.isend, ...) objects, and torch insists on its own
         # isend/irecv in them: hand it the originals, and record the batch's ops ourselves.
         self._originals["P2POp"], self._originals["batch_isend_irecv"] = dist.P2POp, dist.batch_isend_irecv
@@ -123,15 +134,24 @@ class CommLedger:
     def __exit__(self, *exc):
         for op, fn in self._originals.items():
             setattr(dist, op, fn)
+        for op, fn in self._compat_originals.items():
+            setattr(compat, op, fn)
         self._originals.clear()
+        self._compat_originals.clear()
         return False
 
     def _wrap(self, op, fn):
         def recorded(*args, **kwargs):
+            if getattr(self._inside, "call", False):  # part of a recorded call (a compat fallback)
+                return fn(*args, **kwargs)
             group = kwargs.get("group")
             n = dist.get_world_size(group)
+            self._inside.call = True
             start = time.perf_counter()
-            result = fn(*args, **kwargs)
+            try:
+                result = fn(*args, **kwargs)
+            finally:
+                self._inside.call = False
             seconds = time.perf_counter() - start
             payload = _payload(op, args, kwargs)
             self.records.append(CommRecord(op, n, payload, payload * RING_WIRE_FACTOR[op](n), seconds))
