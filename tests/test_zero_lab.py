@@ -13,6 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from notebook_runner import ROOT
+from utils import compat
 from utils.grading import LabCheckFailed
 from utils.zero_checks import adam_update, check_shard_bounds, check_zero1, check_zero2
 
@@ -78,7 +79,7 @@ def _gather_parameters(flat_param):
     shard = flat_param.new_zeros(size)
     shard[: stop - start] = flat_param[start:stop]
     gathered = flat_param.new_empty(size * n)
-    dist.all_gather_single(gathered, shard)
+    compat.all_gather_single(gathered, shard)
     flat_param.copy_(gathered[:numel])
 
 
@@ -94,7 +95,7 @@ def zero2_not_divided(flat_param, flat_grad, state, lr):
     start, stop = _bounds(flat_param)
     size = -(-numel // n)
     grad_shard = flat_grad.new_empty(size)
-    dist.reduce_scatter_single(grad_shard, F.pad(flat_grad, (0, size * n - numel)))
+    compat.reduce_scatter_single(grad_shard, F.pad(flat_grad, (0, size * n - numel)))
     adam_update(flat_param[start:stop], grad_shard[: stop - start], state, lr=lr)
     _gather_parameters(flat_param)
 
@@ -127,7 +128,7 @@ def zero1_floor_shards(flat_param, flat_grad, state, lr):
     flat_grad /= n
     adam_update(flat_param[rank * size:(rank + 1) * size], flat_grad[rank * size:(rank + 1) * size], state, lr=lr)
     gathered = flat_param.new_empty(size * n)
-    dist.all_gather_single(gathered, flat_param[rank * size:(rank + 1) * size].clone())
+    compat.all_gather_single(gathered, flat_param[rank * size:(rank + 1) * size].clone())
     flat_param[: size * n] = gathered
 
 
@@ -147,7 +148,7 @@ def zero2_unpadded_scatter(flat_param, flat_grad, state, lr):
     """Reduce-scatters Ψ elements into pieces of ceil(Ψ / n): the sizes do not add up without padding."""
     start, stop = _bounds(flat_param)
     grad_shard = flat_grad.new_empty(-(-flat_grad.numel() // dist.get_world_size()))
-    dist.reduce_scatter_single(grad_shard, flat_grad)
+    compat.reduce_scatter_single(grad_shard, flat_grad)
     grad_shard /= dist.get_world_size()
     adam_update(flat_param[start:stop], grad_shard[: stop - start], state, lr=lr)
     _gather_parameters(flat_param)

@@ -78,7 +78,8 @@ ZERO_HINTS = {
                    "hides the mistake (it is scale-invariant, up to eps), but its state holds n times the gradient, "
                    "and with SGD, clipping or weight decay the training changes.",
     "not_gathered": "after the update each rank holds new values only in its own shard: all-gather the updated "
-                    "shards (dist.all_gather_single) into flat_param, so every replica is whole and the same again.",
+                    "shards (dist.all_gather_single, all_gather_into_tensor before torch 2.13) into flat_param, so "
+                    "every replica is whole and the same again.",
     "state_not_sharded": "every rank updates (and keeps Adam's state for) the whole vector: call adam_update only on "
                          "this rank's slice, flat_param[start:stop], so the state is Ψ/n elements per rank.",
     "state_hidden": "keep the optimizer state in the `state` dict you are given (adam_update(..., state, ...)): it "
@@ -86,8 +87,8 @@ ZERO_HINTS = {
     "state_reset": "pass the `state` dict you are given to adam_update, every step: a new (or emptied) dict each "
                    "step restarts Adam at step 1.",
     "zero2_all_reduce": "ZeRO-2 does not all-reduce: reduce-scatter the (padded) gradient with "
-                        "dist.reduce_scatter_single, so each rank receives only the sum of its own shard, in half "
-                        "the bytes of an all-reduce.",
+                        "dist.reduce_scatter_single (reduce_scatter_tensor before torch 2.13), so each rank receives "
+                        "only the sum of its own shard, in half the bytes of an all-reduce.",
     "bytes": "send each collective once per step on the flat vector: ZeRO-1 = one all-reduce of the gradient + one "
              "all-gather of the parameters; ZeRO-2 = one reduce-scatter + one all-gather.",
     "wrong": "after the step, flat_param must equal DDP's: mean gradient (sum / n), Adam on your shard, then every "

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from utils import compat  # all_gather_single / reduce_scatter_single on torch 2.11-2.13
 from utils.zero_checks import adam_update
 
 
@@ -30,18 +31,6 @@ def shard_bounds(numel: int, rank: int, world_size: int) -> tuple[int, int]:
     return start, min(start + size, numel)
 
 
-def _all_gather(output, shard):
-    """``dist.all_gather_single`` (torch >= 2.13), else its older name; looked up at call time."""
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(output, shard)
-
-
-def _reduce_scatter(output, padded):
-    """``dist.reduce_scatter_single`` (torch >= 2.13), else its older name: a SUM of each rank's piece."""
-    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    scatter(output, padded)
-
-
 def _gather_parameters(flat_param):
     """Every rank sends its (updated) shard, padded to s elements; every rank receives all of them."""
     rank, n, numel = dist.get_rank(), dist.get_world_size(), flat_param.numel()
@@ -50,7 +39,7 @@ def _gather_parameters(flat_param):
     shard = flat_param.new_zeros(size)  # (s,): a short or empty last shard is padded with zeros
     shard[: stop - start] = flat_param[start:stop]
     gathered = flat_param.new_empty(size * n)  # (s * n,)
-    _all_gather(gathered, shard)
+    compat.all_gather_single(gathered, shard)  # dist.all_gather_single on torch 2.13
     flat_param.copy_(gathered[:numel])  # drop the padding
 
 
@@ -71,7 +60,7 @@ def zero2_step(flat_param: torch.Tensor, flat_grad: torch.Tensor, state: dict, l
     size = -(-numel // n)
     padded = F.pad(flat_grad, (0, size * n - numel))  # (s * n,): n equal pieces
     grad_shard = flat_grad.new_empty(size)  # (s,): this rank's piece of the sum
-    _reduce_scatter(grad_shard, padded)
+    compat.reduce_scatter_single(grad_shard, padded)  # a SUM of each rank's piece
     grad_shard /= n
     adam_update(flat_param[start:stop], grad_shard[: stop - start], state, lr=lr)
     _gather_parameters(flat_param)
