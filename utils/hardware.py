@@ -1,8 +1,10 @@
 """What this machine has, said out loud: a lesson that claims a speed-up states where it measured.
 
-Notebook 00 prints it; later lessons print it above their timings.
+Notebook 00 prints it; later lessons print it above their timings. `precision_support` reads what
+DeepSpeed and torch say about fp16, bf16 and AMX here, as plain bools (derived in notebook 06).
 """
 
+import dataclasses
 import os
 import platform
 import shutil
@@ -38,3 +40,79 @@ def _gpu_names():
         return ["(names need nvidia-smi)"]
     out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
     return out.stdout.strip().splitlines()
+
+
+# ------------------------------------------------------------------ precision: what this machine computes in
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionSupport:
+    """Plain bools (never None) about 16-bit floating point on this machine.
+
+    ``deepspeed_fp16`` / ``deepspeed_bf16``: what DeepSpeed's accelerator answers, the test that
+    ``deepspeed.initialize`` applies (``ValueError: Type fp16 is not supported on your device``).
+    ``cpu_fp16`` / ``cpu_bf16``: oneDNN computes it natively on this CPU (AVX512-FP16 / AVX512-BF16
+    or AMX); without them torch still computes in bf16, emulated and slow. ``amx``: Intel AMX tiles.
+    """
+
+    accelerator: str
+    deepspeed_fp16: bool
+    deepspeed_bf16: bool
+    cpu_fp16: bool
+    cpu_bf16: bool
+    amx: bool
+
+
+def _fact(question) -> bool:
+    """Ask a library a yes/no question and normalise the answer with ``bool``.
+
+    Libraries answer ``True``, ``False`` or ``None``: DeepSpeed's CPU accelerator returns None from
+    ``is_fp16_supported()`` on a CPU without fp16 (an AMD EPYC), so ``answer == False`` is wrong
+    there and only ``bool(answer)`` is right on every machine."""
+    return bool(question())
+
+
+def _torch_cpu_facts():
+    """(cpu_fp16, cpu_bf16, amx) as oneDNN and torch see this CPU; private probes, so each is looked up."""
+    mkldnn = torch.ops.mkldnn
+    fp16 = _fact(mkldnn._is_mkldnn_fp16_supported) if torch.backends.mkldnn.is_available() else False
+    bf16 = _fact(mkldnn._is_mkldnn_bf16_supported) if torch.backends.mkldnn.is_available() else False
+    init_amx = getattr(torch._C._cpu, "_init_amx", None)  # True where the CPU has AMX tiles (and the OS allows them)
+    return fp16, bf16, _fact(init_amx) if init_amx else False
+
+
+def precision_support(accelerator=None) -> PrecisionSupport:
+    """What DeepSpeed's accelerator (default: ``deepspeed.accelerator.get_accelerator()``) and torch say
+    about fp16 and bf16 here, each answer normalised to a bool. Notebook 06 branches on it."""
+    if accelerator is None:
+        from deepspeed.accelerator import get_accelerator  # imported here: utils must not import DeepSpeed eagerly
+        accelerator = get_accelerator()
+    cpu_fp16, cpu_bf16, amx = _torch_cpu_facts()
+    return PrecisionSupport(accelerator=str(accelerator.device_name()),
+                            deepspeed_fp16=_fact(accelerator.is_fp16_supported),
+                            deepspeed_bf16=_fact(accelerator.is_bf16_supported),
+                            cpu_fp16=cpu_fp16, cpu_bf16=cpu_bf16, amx=amx)
+
+
+def half_precision(support: PrecisionSupport) -> str:
+    """The 16-bit type a lesson trains DeepSpeed in: "bf16" (no loss scaling) where DeepSpeed accepts it,
+    else "fp16" (e.g. a V100, whose accelerator refuses bf16). Raises when it accepts neither."""
+    if support.deepspeed_bf16:
+        return "bf16"
+    if support.deepspeed_fp16:
+        return "fp16"
+    raise ValueError(f"DeepSpeed's {support.accelerator} accelerator accepts neither bf16 nor fp16 on this machine; "
+                     "the 16-bit parts of the lesson need one of them: run them on a CPU rank (both ranks and the "
+                     "kernel on CPU accept bf16) or a GPU with bf16 (Ampere or newer).")
+
+
+def expected_fp16_outcome(support: PrecisionSupport) -> str:
+    """What ``deepspeed.initialize`` must do with an fp16 config here: "accepted" or "refused"."""
+    return "accepted" if support.deepspeed_fp16 else "refused"
+
+
+def describe_precision(support: PrecisionSupport) -> str:
+    """One line for a lesson to print: what is accepted, and what is native on this CPU."""
+    yes = {True: "yes", False: "no"}
+    return (f"DeepSpeed's {support.accelerator} accelerator accepts fp16: {yes[support.deepspeed_fp16]}, "
+            f"bf16: {yes[support.deepspeed_bf16]} · this CPU computes natively (oneDNN) fp16: "
+            f"{yes[support.cpu_fp16]}, bf16: {yes[support.cpu_bf16]} (AMX: {yes[support.amx]})")
