@@ -9,7 +9,9 @@ on a fresh 2-core machine ``deepspeed_shm_comm`` takes over two minutes, ``fused
 - ``deepspeed.initialize`` builds ``deepspeed_shm_comm`` when it creates its communication backend
   on CPU, though the op only serves *inference* all-reduces. ``avoid_op_builds()`` marks it
   unavailable in DeepSpeed's own table of compatible ops, which is what DeepSpeed does by itself
-  on a platform without it: collectives then go through ``torch.distributed``.
+  on a platform without it: collectives then go through ``torch.distributed``. Only the CPU
+  accelerator has this op; the CUDA accelerator has no shared-memory builder and never builds it,
+  so there ``avoid_op_builds()`` leaves the table alone (the same question DeepSpeed asks).
 - ``"optimizer": {"type": "Adam"}`` in the config builds ``fused_adam`` (``cpu_adam`` with
   optimizer offload). Hand ``deepspeed.initialize`` a torch optimizer instead, with
   ``"zero_allow_untested_optimizer": true`` (and ``"zero_force_ds_cpu_optimizer": false`` when
@@ -34,7 +36,8 @@ import os
 import tempfile
 import warnings
 
-SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's inference-only shared-memory all-reduce
+SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's inference-only shared-memory all-reduce (CPU accelerator only)
+SHM_BUILDER = "ShareMemCommBuilder"  # the class that builds it, asked for by deepspeed.comm.torch.build_shm_op
 WARM_MODULES = (  # imported lazily by deepspeed.initialize / the pipeline engine (DeepSpeed 0.19)
     "torch._dynamo",  # the first torch.optim optimizer built imports it
     "deepspeed.runtime.zero.muon.muon_optimizer",  # is_zero_supported_optimizer imports it; it calls torch.compile
@@ -70,16 +73,28 @@ def import_deepspeed(world_size, quiet=True, warm=True):
 
 
 def avoid_op_builds(folder=None):
-    """Inside a rank, before ``deepspeed.initialize``: no inference-only shm op, no deprecation noise."""
+    """Inside a rank, before ``deepspeed.initialize``: no inference-only shm op, no deprecation noise.
+
+    We ask the current accelerator for its shm builder, as ``deepspeed.comm.torch.build_shm_op``
+    does: the CPU accelerator has one (we mark its op unavailable), the CUDA accelerator has none
+    (nothing would be built, and its table of ops has no such name: nothing to do).
+    """
     import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
 
     if folder:
         os.environ["TORCH_EXTENSIONS_DIR"] = folder
     warnings.filterwarnings("ignore", message=".*is deprecated. Please use", category=FutureWarning)  # old torch names
-    if SHM_OP not in deepspeed.ops.__compatible_ops__:
-        raise RuntimeError(f"DeepSpeed {deepspeed.__version__} has no op named {SHM_OP!r} any more: update "
+    accelerator = get_accelerator()
+    builder = accelerator.create_op_builder(SHM_BUILDER)
+    if builder is None:  # e.g. CUDA: DeepSpeed builds no shm op there
+        return
+    compatible = deepspeed.ops.__compatible_ops__
+    if builder.NAME not in compatible:
+        raise RuntimeError(f"DeepSpeed {deepspeed.__version__}'s {accelerator.device_name()} accelerator would build "
+                           f"{builder.NAME!r}, which its table of compatible ops does not list: update "
                            "utils/deepspeed_cpu.py (look for 'shm' in deepspeed.ops.__compatible_ops__)")
-    deepspeed.ops.__compatible_ops__[SHM_OP] = False  # not built; gloo / NCCL collectives are used instead
+    compatible[builder.NAME] = False  # not built; gloo collectives are used instead
 
 
 def built_ops(folder):

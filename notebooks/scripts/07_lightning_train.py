@@ -183,8 +183,10 @@ def main(argv=None):
                         enable_progress_bar=False, enable_model_summary=False, logger=False,
                         enable_checkpointing=False, limit_val_batches=0)
     trainer.fit(model)
-    # Every rank has its own shard losses; the global loss is their mean (equal shard sizes).
-    losses = trainer.strategy.reduce(torch.tensor(model.losses), reduce_op="mean")
+    # Every rank has its own shard losses; the global loss is their mean (equal shard sizes). The
+    # tensor goes on the strategy's device: NCCL reduces CUDA tensors only (gloo takes CPU ones).
+    losses = torch.tensor(model.losses, device=trainer.strategy.root_device)
+    losses = trainer.strategy.reduce(losses, reduce_op="mean")
     if trainer.global_rank == 0:
         print("LOSSES " + json.dumps([round(v, 7) for v in losses.tolist()]))
 
