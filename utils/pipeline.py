@@ -18,6 +18,8 @@ stage s < last first receives its output gradient from stage s + 1.
 - ``simulate``: turns the lists into a timeline with given op costs (unit by default), or raises
   ``PipelineDeadlock`` naming the op each rank waits on.
 - ``bubble_fraction``: the idle share of the step, (p - 1) / (v m + p - 1).
+- ``bubble_at_cost``, ``start_shift``: a measured step against the formula and the simulation,
+  in a form that disturbances can only move one way (see ``bubble_at_cost``).
 
 Idle, here and in the measurements: over the span from the first op start on any rank to the last
 op end on any rank, the share of rank-time not spent in a forward or a backward.
@@ -259,3 +261,35 @@ def idle_fraction(intervals: list[Interval]) -> float:
     ranks = len({iv.rank for iv in intervals})
     span = max(iv.end for iv in intervals) - min(iv.start for iv in intervals)
     return 1.0 - sum(iv.end - iv.start for iv in work) / (ranks * span)
+
+
+def bubble_at_cost(intervals: list[Interval], forward: float, backward: float) -> float:
+    """The bubble of a step counted with each forward costing ``forward`` and each backward ``backward``:
+    1 - (those costs, summed over the F and B ops of all ranks) / (ranks x span).
+
+    With the fixed costs of a fixed-cost run, or the fastest op times ever measured on real compute,
+    no op can be shorter than its cost: a disturbance (a preempted op, a late wake-up, a slow message)
+    only lengthens the span, never the work counted. So this estimate is never below the schedule's
+    own bubble, (p-1)/(m+p-1) for GPipe and 1F1B, and a disturbance only raises it. ``idle_fraction``
+    counts the work as timed instead: a preempted op is timed as busy, and its idle share can fall
+    *below* the formula (notebook 05 shows both).
+    """
+    work = sum(forward if iv.kind == "F" else backward for iv in intervals if iv.kind in ("F", "B"))
+    ranks = len({iv.rank for iv in intervals})
+    span = max(iv.end for iv in intervals) - min(iv.start for iv in intervals)
+    return 1.0 - work / (ranks * span)
+
+
+def start_shift(measured: list[Interval], simulated: list[Interval]) -> float:
+    """How far a measured timeline is from a simulated one: the largest difference between the start of an
+    F or B op (the same rank, kind and micro-batch) and its simulated start, both counted from their first
+    F or B, as a share of the simulated span. 0 for a timeline that is the simulation's, op for op."""
+    def starts(intervals):
+        ops = [iv for iv in intervals if iv.kind in ("F", "B")]
+        t0 = min(iv.start for iv in ops)
+        return {(iv.rank, iv.kind, iv.mb, iv.chunk): iv.start - t0 for iv in ops}
+    got, want = starts(measured), starts(simulated)
+    if got.keys() != want.keys():
+        raise ValueError(f"the timelines run different ops: {sorted(got.keys() ^ want.keys())[:6]} ...")
+    span = max(iv.end for iv in simulated) - min(iv.start for iv in simulated)
+    return max(abs(got[k] - want[k]) for k in want) / span
