@@ -35,6 +35,10 @@ course: setup  ## every notebook with its full parameters, into build/course/, t
 bench: setup  ## launch-time benchmark of run_ranks (not a test: it only measures)
 	$(BIN)/python tests/benchmarks/bench_launch.py
 
+.PHONY: robust
+robust: setup  ## one core kept busy: the notebook suite, then each timing-sensitive notebook 5 times (long)
+	$(BIN)/python tests/robustness.py $(ROBUST_ARGS)
+
 strip:  ## remove outputs from every notebook before committing
 	$(BIN)/jupyter nbconvert --clear-output --inplace notebooks/*.ipynb labs/*.ipynb
 
