@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 from notebook_runner import BUILD, ROOT, execute, parameters_for
 
 # Notebooks whose asserts involve a time: 00 (a crashed rank is reported within seconds), 01 (our ring
@@ -87,7 +88,10 @@ def main(argv=None):
             suite_rc = subprocess.call([sys.executable, "-m", "pytest", "-m", "notebook",
                                         f"--world-sizes={args.world_sizes}", "-p", "no:cacheprovider"], cwd=ROOT)
         passes = repeat_notebooks(paths, args.repeats, args.world_size)
-    finally:
+    finally:  # on any exit, interrupts included: the busy process, and a notebook still running (kernel, ranks)
+        for child in psutil.Process().children(recursive=True):
+            if child.pid != busy.pid:
+                child.kill()
         stop(busy)
 
     print(f"\nrobustness run, one core kept busy, {time.perf_counter() - start:.0f} s:")
