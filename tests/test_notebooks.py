@@ -27,6 +27,26 @@ def test_notebook_runs(path, world_size):  # world_size: from --world-sizes (con
     assert ok, f"{path.name} failed under papermill with WORLD_SIZE={world_size} (executed copy in {out}):\n{log[-6000:]}"
 
 
+@pytest.mark.gpu
+@pytest.mark.notebook
+@pytest.mark.parametrize("path", course_notebooks(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_notebook_on_one_gpu(path):
+    """WORLD_SIZE=1 on a CUDA machine: one rank on one GPU, so the NCCL path with CUDA tensors.
+
+    (Two NCCL ranks cannot share one GPU: a 1-GPU machine runs 2-4 ranks over gloo, in the test above.)"""
+    import torch
+
+    if torch.cuda.device_count() == 0:  # device_count, never is_available(): that would initialise CUDA here
+        pytest.skip("no CUDA device: the NCCL path runs only on a GPU machine")
+    supported = supported_world_sizes(path)
+    if supported is not None and 1 not in supported:
+        pytest.skip(f"{path.name} cannot use WORLD_SIZE=1 (metadata.course.world_sizes = {supported})")
+    out = BUILD / "test" / "gpu-ws1"
+    ok, seconds, log = execute(path, out, parameters_for(path, SMOKE=True, WORLD_SIZE=1))
+    NOTEBOOK_TIMES.append((f"{path.relative_to(ROOT)} (GPU, WORLD_SIZE=1)", ok, seconds))
+    assert ok, f"{path.name} failed under papermill on a GPU with WORLD_SIZE=1 (executed copy in {out}):\n{log[-6000:]}"
+
+
 def test_world_sizes_metadata():
     """Each list is a sorted set of sizes within 1-8 that includes 2, the size every lesson runs at."""
     for path in course_notebooks():
