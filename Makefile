@@ -3,11 +3,41 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-stamp
+# SYSTEM_TORCH=1 keeps the torch that $(PYTHON) already has (the CUDA build of a GPU box or a hosted
+# notebook), if it is 2.11-2.13: .venv sees the system's packages, the other pins go in beside that
+# torch under a constraints file naming its exact version, and the course itself with --no-deps.
+SYSTEM_TORCH ?=
+STAMP  := $(VENV)/.installed-stamp$(if $(SYSTEM_TORCH),-system-torch)
 LAB_ARGS ?=
 PYTEST_ARGS ?=
 # JupyterLab refuses to run as root (common in workshop containers) unless told it may.
 ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
+
+# Prints "torch==<the installed version>" (a pip constraint), or stops: no torch, or outside 2.11-2.13.
+define SYSTEM_TORCH_PIN
+import importlib.metadata as metadata, sys
+try:
+    version = metadata.version("torch")
+except metadata.PackageNotFoundError:
+    sys.exit(f"SYSTEM_TORCH=1 keeps the torch of {sys.executable}, which has none: install torch 2.11-2.13 "
+             "there, or leave out SYSTEM_TORCH=1 and .venv gets torch 2.13.0")
+if not (2, 11) <= tuple(int(x) for x in version.split("+")[0].split(".")[:2]) <= (2, 13):
+    sys.exit(f"SYSTEM_TORCH=1: the course runs on torch 2.11 to 2.13, and {sys.executable} has torch {version}: "
+             "use another Python (make PYTHON=...), or leave out SYSTEM_TORCH=1 and .venv gets torch 2.13.0")
+print(f"torch=={version}")
+endef
+# Prints pyproject.toml's dependencies, one a line, all but torch.
+define PINS_BUT_TORCH
+import re, tomllib
+for pin in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]:
+    if re.match(r"[A-Za-z0-9_.-]+", pin).group(0).lower() != "torch":
+        print(pin)
+endef
+export SYSTEM_TORCH_PIN PINS_BUT_TORCH
+NO_SYSTEM_SITE = SYSTEM_TORCH=1: $(VENV) was made without --system-site-packages, so it cannot see the
+NO_SYSTEM_SITE += system's torch: rm -rf $(VENV), then run make again
+TORCH_NOT_SEEN = SYSTEM_TORCH=1: $(PYTHON)'s torch is not visible in $(VENV): is $(PYTHON) itself in a
+TORCH_NOT_SEEN += virtual environment? Then install the course into that environment (README)
 
 .PHONY: setup lab test course bench strip clean
 
@@ -16,8 +46,18 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 11) <= v <= (3, 12) else \
 	  "The course needs Python 3.11 or 3.12, but $(PYTHON) is %d.%d: run make PYTHON=python3.11 ..." % v)'
+ifeq ($(SYSTEM_TORCH),)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --editable .
+else
+	@$(PYTHON) -c "$$SYSTEM_TORCH_PIN" >/dev/null  # refuse before creating anything
+	test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages $(VENV)
+	@grep -qs "include-system-site-packages = true" $(VENV)/pyvenv.cfg || { echo "$(NO_SYSTEM_SITE)"; exit 1; }
+	$(BIN)/python -c "$$SYSTEM_TORCH_PIN" > $(VENV)/system-torch.txt || { echo "$(TORCH_NOT_SEEN)"; exit 1; }
+	$(BIN)/python -c "$$PINS_BUT_TORCH" > $(VENV)/pins-but-torch.txt
+	$(BIN)/python -m pip install --quiet --constraint $(VENV)/system-torch.txt --requirement $(VENV)/pins-but-torch.txt
+	$(BIN)/python -m pip install --quiet --no-deps --editable .
+endif
 	@# The course's own kernel, inside .venv; JUPYTER_PATH (below, and tests/conftest.py) puts it first,
 	@# so a user-wide "python3" kernel from another environment cannot take its place.
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (distributed course)" >/dev/null

@@ -1,8 +1,11 @@
 """House rules that keep the course working: one dependency list, clean notebooks, the layout."""
 
 import json
+import os
 import re
+import shutil
 import subprocess
+import sys
 import tomllib
 
 import pytest
@@ -28,6 +31,29 @@ def test_environment_yml_matches_pyproject():
 def test_torch_is_pinned_exactly():
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     assert "torch==2.13.0" in deps, "a loose torch pin pulls a newer CUDA build (gigabytes)"
+
+
+def _make(*args, **env):
+    """``make ARGS`` in the repository, as from a shell: no MAKEFLAGS from a ``make test SYSTEM_TORCH=1`` around us."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    return subprocess.run(["make", *args], cwd=ROOT, capture_output=True, text=True, env={**clean, **env})
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
+def test_system_torch_option(tmp_path):
+    """README: `make ... SYSTEM_TORCH=1` keeps the system's torch, and refuses one outside 2.11-2.13."""
+    venv = tmp_path / "venv"
+    plain = _make("-n", "setup", f"VENV={venv}").stdout
+    keep = _make("-n", "setup", "SYSTEM_TORCH=1", f"VENV={venv}").stdout
+    for flag in ("--system-site-packages", "--constraint", "--no-deps"):
+        assert flag in keep and flag not in plain, flag
+    old = tmp_path / "site" / "torch-2.10.0.dist-info"  # a torch that only importlib.metadata can see
+    old.mkdir(parents=True)
+    (old / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.10.0\n")
+    run = _make("-s", "setup", "SYSTEM_TORCH=1", f"VENV={venv}", f"PYTHON={sys.executable}", PYTHONPATH=str(old.parent))
+    assert run.returncode != 0, run.stdout
+    assert "runs on torch 2.11 to 2.13" in run.stderr and "has torch 2.10.0" in run.stderr, run.stderr
+    assert not venv.exists(), "refused before creating anything"
 
 
 def _tracked_notebooks():
