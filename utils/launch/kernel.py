@@ -250,12 +250,18 @@ class _Rank:
         return bool(self.outcome.report) or self.exitcode not in (None, 0)
 
     def kill(self):
-        if self.exitcode is None:
-            self.outcome.killed = True
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        """Stop the rank, and whatever it started (its process group: DataLoader workers, a library's
+        own ranks), even after it ended; a group's number is never reused while the group exists."""
+        running = self.exitcode is None
+        self.outcome.killed |= running
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):  # no group (yet): the rank alone, if it still runs
+            if running:
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def close(self):
         for conn in (self.result, *self.streams.values()):

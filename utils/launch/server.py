@@ -80,6 +80,7 @@ def main(fd: int):
             _, fds, _, _ = socket.recv_fds(sock, 1, 3)
             pid = os.fork()
             if pid == 0:  # the rank: forget the server, then run (rank_main never returns)
+                os.setpgid(0, 0)  # its own process group: the kernel stops it with whatever it started
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel decides when ranks stop
@@ -88,6 +89,10 @@ def main(fd: int):
                 conn.close(), sock.close()
                 rank_main(setup, payload, *fds)
                 os._exit(1)  # not reached
+            try:
+                os.setpgid(pid, pid)  # also here, so the group exists before the kernel may need it
+            except OSError:  # the child got there first, or has already ended
+                pass
             children.add(pid)
             for child_fd in fds:
                 os.close(child_fd)
