@@ -66,16 +66,40 @@ def test_ranks_magic_rejects_bad_world_size(course_kernel):
     assert reply["status"] == "error" and "world_size must be a positive integer" in err
 
 
-def test_ranks_magic_after_cuda_init_spawns_and_ships_the_variables_it_uses(course_kernel):
+def test_ranks_magic_after_backward_in_the_kernel(course_kernel):
+    # The lessons compute a single-process reference in the kernel, then launch ranks: on a GPU
+    # machine that broke forked ranks. The ranks now come from the server, whatever the kernel did.
     reply, out, err = course_kernel.run(
-        "import unittest.mock\n"
+        "w = torch.randn(20, 20, requires_grad=True); (w @ w).sum().backward()\n"
         "scale = 3\n"
-        "def triple(x):\n    return scale * x\n"
-        "with unittest.mock.patch('torch.cuda.is_initialized', lambda: True):  # as if a cell used the GPU\n"
-        "    get_ipython().run_cell_magic('ranks', '2 --return y', 'y = triple(rank)')\n"
-        "print(y)")
+        "def triple(x):\n    return scale * x\n")
     assert reply["status"] == "ok", err
-    assert "spawn" in out and out.strip().endswith("[0, 3]")
+    reply, out, err = course_kernel.run(
+        "%%ranks 2 --return y g\n"
+        "x = torch.ones(3, requires_grad=True); (x * 2).sum().backward()\n"
+        "y, g = triple(rank), x.grad.tolist()\n")
+    assert reply["status"] == "ok", err
+    reply, out, err = course_kernel.run("print(y, g[1])")
+    assert out.strip() == "[0, 3] [2.0, 2.0, 2.0]"
+
+
+def test_ranks_magic_names_a_variable_that_cannot_travel(course_kernel):
+    reply, out, err = course_kernel.run("import threading\nlock = threading.Lock()\n")
+    assert reply["status"] == "ok", err
+    reply, out, err = course_kernel.run("%%ranks 2\nwith lock:\n    pass\n")
+    assert reply["status"] == "error" and "the cell uses 'lock' (lock), which cannot be sent to the ranks" in err
+
+
+def test_a_notebook_function_traceback_shows_its_cell_line(course_kernel):
+    reply, out, err = course_kernel.run(
+        "def broken():\n"
+        "    if dist.get_rank() == 0:\n"
+        "        raise ValueError('broken in a notebook cell')\n"
+        "    dist.barrier()\n")
+    assert reply["status"] == "ok", err
+    reply, out, err = course_kernel.run("utils.run_ranks(broken, world_size=2)")
+    assert reply["status"] == "error" and reply["ename"] == "RankError"
+    assert "raise ValueError('broken in a notebook cell')" in err  # the source line, shipped from the kernel
 
 
 def test_kernel_interrupt_stops_every_rank(course_kernel):

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from utils import RankError, RankTimeoutError, run_ranks
-from utils.launch import plan_launch
+from utils.launch import plan_launch, rank_server
 
 pytestmark = pytest.mark.usefixtures("no_children_left")
 
@@ -101,13 +101,14 @@ def _open_fds():
     return len(os.listdir("/proc/self/fd"))
 
 
-def test_twenty_runs_in_a_row_leak_nothing():
+def test_twenty_runs_in_a_row_leak_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # our own temporary folder: others use /tmp too
     run_ranks(rank_and_sum, world_size=2, verbose=False)  # warm up lazy imports before counting
     fds, tmp = _open_fds(), set(os.listdir(tempfile.gettempdir()))
     for _ in range(20):
         assert run_ranks(rank_and_sum, world_size=2, verbose=False)[1][2] == 1.0
     assert not dist.is_initialized()  # the caller never joins a process group
-    assert [p.pid for p in psutil.Process().children(recursive=True)] == []
+    assert [p.pid for p in psutil.Process().children(recursive=True)] == [rank_server().proc.pid]  # the server only
     assert _open_fds() == fds  # no pipe left open
     assert {d for d in os.listdir(tempfile.gettempdir()) if d.startswith("run_ranks-")} <= tmp  # no rendezvous left
 
@@ -157,18 +158,90 @@ def test_bad_timeout_is_refused():
         run_ranks(rank_and_sum, world_size=2, timeout=0)
 
 
-def test_after_cuda_init_fork_is_refused_and_auto_spawns(monkeypatch, capsys):
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # as if a cell had touched the GPU
-    with pytest.raises(RuntimeError, match="CUDA is already initialised"):
-        run_ranks(rank_and_sum, world_size=2, start_method="fork")
+def test_ranks_are_forked_by_the_server_never_by_the_caller():
+    server = rank_server()
+    parents = run_ranks(os.getppid, world_size=3, verbose=False)
+    assert parents == [server.proc.pid] * 3
+    assert server.proc.pid != os.getpid() and psutil.Process(server.proc.pid).ppid() == os.getpid()
+
+
+def test_after_backward_and_cuda_questions_in_the_caller_ranks_still_run_backward():
+    # On a GPU machine a process that has run backward() cannot fork a child that runs backward;
+    # the caller here does both first, and its ranks (children of the server) are unaffected.
+    w = torch.randn(50, 50, requires_grad=True)
+    (w @ w).sum().backward()
+    torch.cuda.is_available()  # fork-safe: `import utils` set PYTORCH_NVML_BASED_CUDA_CHECK=1
+    assert os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] == "1"
+
+    def grad_norm():
+        x = torch.randn(30, 30, requires_grad=True)
+        (x @ x).sum().backward()
+        return x.grad.shape[0]
+
+    assert run_ranks(grad_norm, world_size=2, verbose=False) == [30, 30]
+
+
+def test_a_notebook_closure_travels_by_value():
     base = 100
 
-    def local_function():  # a closure: only cloudpickle can send it to a spawned rank
+    def local_function():  # a closure: only cloudpickle can send it to another process
         return base + dist.get_rank()
 
-    assert run_ranks(local_function, world_size=2) == [100, 101]
-    out = capsys.readouterr().out
-    assert "spawn" in out and "CUDA is already initialised in this kernel" in out
+    assert run_ranks(local_function, world_size=2, verbose=False) == [100, 101]
+
+
+def test_ranks_see_the_callers_folder_path_and_environment_of_now(tmp_path, monkeypatch):
+    rank_server()  # started before the changes below: the ranks must still see them
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COURSE_TEST_VALUE", "42")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "course_test_module.py").write_text("VALUE = 7\n")
+
+    def look():
+        import course_test_module
+        return os.getcwd(), os.environ["COURSE_TEST_VALUE"], course_test_module.VALUE
+
+    assert run_ranks(look, world_size=2, verbose=False) == [(str(tmp_path), "42", 7)] * 2
+
+
+def test_the_server_imports_what_the_caller_imported_so_ranks_need_not():
+    import torch.distributed.pipelining  # noqa: F401 - a heavy module, now imported by the caller
+
+    def already_imported():
+        return "torch.distributed.pipelining" in sys.modules  # before this rank imports anything
+
+    assert run_ranks(already_imported, world_size=2, verbose=False) == [True, True]
+
+
+def test_threads_per_rank_default_shares_the_cores_and_can_be_set():
+    cores = os.cpu_count()
+    assert run_ranks(torch.get_num_threads, world_size=1, verbose=False) == [cores]
+    assert run_ranks(torch.get_num_threads, world_size=2, verbose=False) == [max(1, cores // 2)] * 2
+    assert run_ranks(torch.get_num_threads, world_size=2, threads_per_rank=3, verbose=False) == [3, 3]
+    with pytest.raises(ValueError, match="threads_per_rank must be"):
+        run_ranks(torch.get_num_threads, world_size=2, threads_per_rank=0)
+
+
+def test_without_a_process_group_for_libraries_that_make_their_own():
+    assert run_ranks(dist.is_initialized, world_size=2, process_group=False, verbose=False) == [False, False]
+
+
+def test_the_server_dies_with_its_caller(tmp_path):
+    script = tmp_path / "launch_then_wait.py"
+    script.write_text(textwrap.dedent("""
+        import time, torch.distributed as dist
+        from utils import run_ranks
+        from utils.launch import rank_server
+        run_ranks(dist.get_rank, world_size=2, verbose=False)
+        print(rank_server().proc.pid, flush=True)
+        time.sleep(60)
+    """))
+    caller = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    server = psutil.Process(int(caller.stdout.readline()))
+    caller.kill()
+    caller.wait()
+    gone, alive = psutil.wait_procs([server], timeout=10)
+    assert alive == [], "the rank server outlived the process that started it"
 
 
 def test_tensors_come_back_detached_on_the_cpu():
@@ -181,15 +254,15 @@ def test_tensors_come_back_detached_on_the_cpu():
     assert results[1]["pair"][1][0].device.type == "cpu"
 
 
-def test_a_forked_rank_does_not_hang_after_the_caller_used_openmp():
+def test_a_rank_uses_openmp_after_the_caller_did():
     a = torch.randn(600, 600)
-    (a @ a).sum()  # the caller's OpenMP pool now exists; a forked rank must not try to use it
+    (a @ a).sum()  # the caller's OpenMP pool now exists; the ranks never inherit it
 
     def matmul():
         b = torch.randn(400, 400)
         return float((b @ b).sum() * 0) + torch.get_num_threads()
 
-    assert run_ranks(matmul, world_size=1, timeout=20, verbose=False) == [1.0]
+    assert run_ranks(matmul, world_size=1, timeout=20, verbose=False) == [float(os.cpu_count())]
 
 
 def test_a_rank_returning_at_once_does_not_break_its_peers_connection():

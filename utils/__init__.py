@@ -2,10 +2,8 @@
 
 Each module holds one idea and names the notebook that derives it:
 
-- ``utils.launch``: ``run_ranks``, the launcher behind every multi-rank cell (notebook 00).
-- ``utils.rank_process``: what runs inside each rank process that ``run_ranks`` starts (notebook 00).
-- ``utils.magics``: the ``%%ranks N`` cell magic, loaded with ``%load_ext utils`` (notebook 00).
-- ``utils.rank_errors``: which rank failed first, and where hung ranks were stuck (notebook 00).
+- ``utils.launch``: ``run_ranks`` and the ``%%ranks N`` magic, the launcher behind every multi-rank
+  cell: a package whose files each run in one process (kernel, rank server, rank) (notebook 00).
 - ``utils.hardware``: what this machine has, said out loud (notebook 00).
 - ``utils.ledger``: ``CommLedger``, bytes and time of every collective a rank calls (notebook 01).
 - ``utils.models``: ``ToyNet``, the course model with a frozen parameter, a buffer and a tied
@@ -29,20 +27,26 @@ Each module holds one idea and names the notebook that derives it:
 - ``utils.ds_schema``: what the installed DeepSpeed accepts in its config, learned from DeepSpeed (notebook 06).
 - ``utils.ds_config``: ``check_config``, every problem of a DeepSpeed config at every level (notebook 06).
 
-Importing ``utils`` starts nothing, seeds nothing and prints nothing.
+Importing ``utils`` starts nothing, seeds nothing and prints nothing. It sets one environment
+variable, ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` (unless you set it): ``torch.cuda.is_available()``
+then asks the driver instead of initialising CUDA, which would leave this process unable to
+hand CUDA to a child.
 """
+
+import os
+
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # before anything asks torch.cuda
 
 from .hardware import describe_machine
 from .datasets import digits
-from .launch import rank_device, run_ranks
+from .launch import RankError, RankTimeoutError, rank_device, run_ranks
 from .ledger import CommLedger, loopback_bytes
 from .models import ToyNet
-from .rank_errors import RankError, RankTimeoutError
 
 
 def load_ipython_extension(ipython):
     """``%load_ext utils`` registers the ``%%ranks`` cell magic."""
-    from .magics import RanksMagics
+    from .launch.magic import RanksMagics
 
     ipython.register_magics(RanksMagics)
 

@@ -8,33 +8,26 @@ Load it once with ``%load_ext utils``, then::
     total = t.item()
 
 prints each rank's output prefixed ``[rank k]`` and leaves ``total`` in the kernel as a list of
-four values, one per rank. Under the hood the cell body becomes a function handed to
-``utils.launch.run_ranks`` (notebook 00 shows both ways side by side).
+four values, one per rank. Under the hood the cell's code becomes the function handed to
+``run_ranks`` (``kernel.py``; notebook 00 shows both ways side by side).
 
-Each rank starts from a copy of the kernel's variables (the ranks are forked), so functions,
-classes and tensors defined in earlier cells are there. Assignments in the cell stay on the rank;
-only the names after ``--return`` come back. When CUDA is already initialised in the kernel the
-ranks are spawned instead, and only the variables the cell uses travel to them (by cloudpickle).
+The ranks see the kernel's variables that the cell uses: those travel to them by value
+(cloudpickle), functions and classes defined in earlier cells included. Assignments in the cell
+stay on the rank; only the names after ``--return`` come back.
 """
 
+import cloudpickle
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-import torch
-
-from .launch import DEFAULT_TIMEOUT, rank_device, run_ranks
+from .kernel import DEFAULT_TIMEOUT, rank_device, run_ranks
 
 
 def _run_cell_on_rank(code, filename, names_back, shipped):
     """Runs on every rank: execute the cell's code and return the asked-for variables."""
     import torch.distributed as dist
 
-    if shipped is None:  # forked: the rank's own copy of the kernel namespace
-        from IPython import get_ipython
-
-        namespace = get_ipython().user_ns
-    else:  # spawned: a fresh interpreter, only the variables the cell uses came along
-        namespace = dict(shipped)
+    namespace = dict(shipped, __name__="__main__")
     namespace.update(rank=dist.get_rank(), world_size=dist.get_world_size(), device=rank_device())
     exec(compile(code, filename, "exec"), namespace)
     missing = [n for n in names_back if n not in namespace]
@@ -50,6 +43,20 @@ def _names_used(code_object):
         if hasattr(const, "co_names"):
             names |= _names_used(const)
     return names
+
+
+def _variables_for(code_object, user_ns):
+    """The kernel's variables the cell uses, each checked to travel (a clear error names any that cannot)."""
+    shipped = {}
+    for name in sorted(_names_used(code_object)):
+        if name in user_ns and not name.startswith("_"):
+            try:
+                cloudpickle.dumps(user_ns[name])
+            except Exception as exc:  # noqa: BLE001
+                raise TypeError(f"the cell uses {name!r} ({type(user_ns[name]).__name__}), which cannot be sent to "
+                                f"the ranks: {exc}. Create it inside the cell instead.") from None
+            shipped[name] = user_ns[name]
+    return shipped
 
 
 @magics_class
@@ -69,10 +76,7 @@ class RanksMagics(Magics):
         shell = self.shell
         code = shell.transform_cell(cell)  # so %magics and !commands inside the cell work too
         filename = shell.compile.cache(code)  # registers the source, so tracebacks show the cell's lines
-        shipped = None
-        if torch.cuda.is_initialized():  # run_ranks will spawn: send the variables the cell uses
-            used = _names_used(compile(code, filename, "exec"))
-            shipped = {n: shell.user_ns[n] for n in used if n in shell.user_ns and not n.startswith("_")}
+        shipped = _variables_for(compile(code, filename, "exec"), shell.user_ns)
         results = run_ranks(_run_cell_on_rank, code, filename, args.names, shipped, world_size=args.world_size,
                             timeout=args.timeout, backend=args.backend, verbose=not args.quiet)
         for name in args.names:

@@ -2,11 +2,14 @@
 
 When one rank of a distributed job fails, its peers fail a moment later with errors of their own
 ("Connection closed by peer"), which are only echoes. A launcher that shows whichever error it
-saw first often shows an echo. These functions, used by ``utils/launch.py``, order the reports by
-time, set the echoes aside as *secondary*, and turn faulthandler's stack dumps into "where was
-each rank stuck". They know nothing of how the ranks were started.
+saw first often shows an echo. These functions order the reports by time, set the echoes aside
+as *secondary*, and turn faulthandler's stack dumps into "where was each rank stuck".
+
+They know nothing of how the ranks were started: the kernel side (``kernel.py``) hands them one
+``RankOutcome`` per rank, a plain record of what that rank said and how it ended.
 """
 
+import dataclasses
 import re
 import signal
 
@@ -28,6 +31,19 @@ class RankTimeoutError(TimeoutError):
         self.stacks = stacks
 
 
+@dataclasses.dataclass
+class RankOutcome:
+    """How one rank ended, as the kernel saw it."""
+
+    rank: int
+    report: dict | None = None  # the rank's own error report (type, message, traceback, time, secondary)
+    returned: bool = False  # it sent back a value
+    killed: bool = False  # the launcher stopped it
+    exitcode: int | None = None  # None: still running when the launcher stopped looking
+    stderr_tail: list = dataclasses.field(default_factory=list)  # its last lines of stderr
+    stack: list | None = None  # faulthandler's dump, when it was asked where it was stuck
+
+
 def looks_secondary(exc) -> bool:
     """Is this the echo of another rank's failure (its connection closed) rather than a bug here?"""
     text = f"{type(exc).__name__}: {exc}"
@@ -42,13 +58,14 @@ def exit_text(code):
 
 
 def failure_error(ranks):
+    """``RankError`` for a launch in which a rank failed; ``ranks`` is one ``RankOutcome`` per rank."""
     reports = {}
     for r in ranks:
         if r.report:
             reports[r.rank] = r.report
-        elif not r.returned and not r.killed and r.proc.exitcode not in (None, 0):
+        elif not r.returned and not r.killed and r.exitcode not in (None, 0):
             reports[r.rank] = dict(time=float("inf"), type="died", secondary=False,
-                                   message=f"rank {r.rank} {exit_text(r.proc.exitcode)} without a Python error",
+                                   message=f"rank {r.rank} {exit_text(r.exitcode)} without a Python error",
                                    traceback=fatal_error_stack(r.stderr_tail))
     real = {k: v for k, v in reports.items() if not v["secondary"]} or reports
     first = min(real, key=lambda k: (real[k]["time"], k))
@@ -77,14 +94,15 @@ def _first_line(text, width=160):
 
 
 def timeout_error(ranks, world_size, timeout):
+    """``RankTimeoutError`` for ranks still running at the timeout; ``r.stack`` is set for those."""
     stacks, lines = {}, []
     for r in ranks:
-        if r.capture is None:
+        if r.stack is None:
             stacks[r.rank] = "finished normally"
         else:
-            stacks[r.rank] = trim_stack(r.capture) or "(no stack came back: stuck outside Python?)"
+            stacks[r.rank] = trim_stack(r.stack) or "(no stack came back: stuck outside Python?)"
         lines += [f"----- rank {r.rank} -----", stacks[r.rank]]
-    stuck = [r.rank for r in ranks if r.capture is not None]
+    stuck = [r.rank for r in ranks if r.stack is not None]
     head = (f"rank(s) {stuck} of {world_size} did not finish within timeout={timeout:g} s and were stopped. "
             f"Where each rank was (most recent call first):")
     tail = ("Usual causes: a collective that not every rank calls, a send without its recv, or a cell that "
@@ -101,10 +119,10 @@ def fatal_error_stack(stderr_lines):
 
 
 def trim_stack(dump):
-    """Keep faulthandler's frames down to the rank's entry point; drop multiprocessing's below it."""
+    """Keep faulthandler's frames down to the rank's entry point; drop the rank server's below it."""
     kept = []
     for line in dump:
-        if "in rank_main" in line:  # the launcher's own entry point: below it is multiprocessing
+        if "in rank_main" in line:  # the rank's entry point (rank.py): below it is the server
             if len(kept) <= 1:  # stuck in the launcher itself (before fn started): say so
                 kept.append(line)
             break

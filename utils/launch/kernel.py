@@ -1,0 +1,322 @@
+"""Steps 2 and 5 of a launch, in the kernel: hand the ranks to the server, then watch them.
+
+``run_ranks(fn, *args, world_size=4)`` runs ``fn(*args)`` on four ranks and returns the four
+return values, ordered by rank. In the order it happens:
+
+1. **Plan** (``plan.py``): backend, device and threads, or an error saying what to do.
+2. **Pack.** ``fn`` and its arguments are pickled *by value* with cloudpickle: a function or class
+   defined in the notebook travels with the globals it uses. So do the source lines of the
+   notebook's cells (tracebacks then show them) and the kernel's folder, ``sys.path`` and
+   environment. The rendezvous is a ``FileStore`` in a fresh temporary folder: two launches (a
+   re-run, or another notebook) never share one, and no port has to be free.
+3. **Start.** The kernel's rank server (``server.py``, started once per kernel) forks one process
+   per rank. Before that it imports whatever heavy library the notebook has imported since (say
+   DeepSpeed), so that no rank has to. Each rank gets three pipes of the kernel's: its result,
+   its stdout and its stderr.
+4. **Watch.** Each rank's output is printed as ``[rank k] ...`` while it runs. If a rank raises, the
+   others get a moment to report, then all are stopped, and ``RankError`` names the rank that
+   failed *first* with its traceback (its peers' "connection closed" errors are marked secondary).
+   If the ranks are still running at ``timeout``, each is asked for its Python stack
+   (``faulthandler`` on SIGUSR1), all are stopped, and ``RankTimeoutError`` shows where each was
+   stuck. On a kernel interrupt every rank is stopped. No process, pipe or folder is left behind,
+   and the kernel itself never joins a process group, runs CUDA or forks.
+
+It is the job torchrun does for scripts, cut down to what a notebook needs.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import pickle
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from multiprocessing.connection import Connection, wait
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+
+from .errors import RankError, RankOutcome, failure_error, timeout_error
+from .plan import plan_launch
+
+DEFAULT_TIMEOUT = 180.0  # seconds; pass timeout= for longer cells
+FAILURE_GRACE = 1.0  # seconds the other ranks get to report after the first failure
+STACK_DUMP_WAIT = 1.0  # seconds to collect the stacks of hung ranks before stopping them
+# Libraries that take seconds to import. Once the notebook has imported one, the server imports it
+# too (once), so that ranks start with it instead of importing it each.
+HEAVY_MODULES = ("lightning", "deepspeed", "torch._dynamo", "torch.distributed.fsdp", "torch.distributed.tensor",
+                 "torch.distributed.pipelining", "torch.distributed.checkpoint", "transformers", "sklearn")
+
+
+def run_ranks(fn, *args, world_size, timeout=DEFAULT_TIMEOUT, backend="auto", threads_per_rank=None,
+              process_group=True, verbose=True, **kwargs):
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks and return their results, ordered by rank.
+
+    Each rank starts with the default process group initialised (``dist.get_rank()``,
+    ``dist.all_reduce`` ... work at once); ``rank_device()`` tells it where to put its tensors.
+    ``fn`` may be defined in the notebook: it travels to the ranks by value (cloudpickle), with its
+    arguments and the globals it uses. Its return value comes back the same way, so return plain
+    values (tensors, numbers, dicts), not modules or process groups; tensors in it (also inside
+    lists, tuples and dicts) come back on the CPU.
+
+    Raises ``RankError`` when a rank fails (naming the first one, with its traceback) and
+    ``RankTimeoutError`` when the ranks are still running after ``timeout`` seconds (showing where
+    each was stuck). ``backend`` is "auto", "gloo" or "nccl"; ``threads_per_rank`` None shares the
+    cores out; ``process_group=False`` starts the processes without one (for a library that makes
+    its own, like Lightning's ``ddp_notebook``); ``verbose`` prints the plan.
+    """
+    __tracebackhide__ = True  # IPython and pytest then show the learner's cell, not the launcher
+    if not callable(fn):
+        raise TypeError(f"run_ranks needs a function to run on every rank, got {type(fn).__name__}.")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}.")
+    plan = plan_launch(world_size, backend, threads_per_rank)
+    if verbose:
+        print(plan.describe(), flush=True)
+    payload = cloudpickle.dumps((fn, args, kwargs))
+    server = rank_server()
+    server.mirror_imports()
+    rendezvous = tempfile.mkdtemp(prefix="run_ranks-")
+    setup = dict(world_size=world_size, backend=plan.backend, device=plan.device, threads=plan.threads_per_rank,
+                 timeout=timeout, store=os.path.join(rendezvous, "store"), process_group=process_group,
+                 cwd=os.getcwd(), sys_path=list(sys.path), env=dict(os.environ), cell_sources=_cell_sources())
+    ranks = []
+    try:
+        for rank in range(world_size):
+            pipes = [os.pipe() for _ in range(3)]  # result, stdout, stderr: (read, write)
+            try:
+                pid = server.launch(dict(setup, rank=rank), payload, [w for _, w in pipes])
+            finally:
+                for _, w in pipes:
+                    os.close(w)  # the kernel keeps only the read ends, so a dead rank reads as end-of-file
+            ranks.append(_Rank(rank, pid, server, *[Connection(r, writable=False) for r, _ in pipes]))
+        return _watch(ranks, plan, timeout, server)
+    except KeyboardInterrupt:
+        alive = [r.rank for r in ranks if r.exitcode is None]
+        print(f"[launch] interrupted: stopping rank(s) {alive}", file=sys.stderr, flush=True)
+        raise
+    finally:
+        _stop(ranks, server)
+        shutil.rmtree(rendezvous, ignore_errors=True)
+
+
+def rank_device() -> torch.device:
+    """The device this rank should put its tensors on: ``cuda:<local rank>`` under NCCL, else CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _cell_sources():
+    """Source lines of the code typed into this kernel (its cells), which exist in no file: a rank
+    needs them to show the notebook's lines in a traceback. IPython keeps them in linecache."""
+    return {name: entry[2] for name, entry in list(linecache.cache.items())
+            if len(entry) == 4 and entry[1] is None and not os.path.exists(name)}
+
+
+# --------------------------------------------------------------------------------------------
+# The kernel's handle on its rank server
+# --------------------------------------------------------------------------------------------
+
+_SERVER = None
+
+
+def rank_server() -> RankServer:
+    """This kernel's rank server, started on first use (and again if it died)."""
+    global _SERVER
+    if _SERVER is None or not _SERVER.alive():
+        _SERVER = RankServer()
+    return _SERVER
+
+
+class RankServer:
+    """Starts ``python -m utils.launch.server`` and speaks its protocol (see server.py)."""
+
+    def __init__(self):
+        ours, theirs = socket.socketpair()
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds utils/
+        path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+        self.proc = subprocess.Popen([sys.executable, "-m", "utils.launch.server", str(theirs.fileno())],
+                                     pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                                     env=dict(os.environ, PYTHONPATH=path))
+        theirs.close()
+        self.sock = ours
+        self.conn = Connection(os.dup(ours.fileno()))
+        self.exit_codes = {}  # pid -> exit code, as the server reports ranks ending
+        self.imported = set()
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def mirror_imports(self):
+        """Have the server import the heavy libraries this kernel has imported since it started."""
+        wanted = [m for m in HEAVY_MODULES if m in sys.modules and m not in self.imported]
+        if wanted:
+            self.conn.send(("preload", wanted, dict(os.environ), list(sys.path)))
+            self._reply("preloaded")
+            self.imported.update(wanted)
+
+    def launch(self, setup, payload, fds):
+        """Fork one rank with these pipes (write ends); returns its pid."""
+        self.conn.send(("launch", setup, payload))
+        socket.send_fds(self.sock, [b"F"], fds)
+        return self._reply("started")[1]
+
+    def poll(self, timeout=0.0):
+        """Read the server's messages that are waiting (or arrive within ``timeout``)."""
+        while self.conn.poll(timeout):
+            self._read()
+            timeout = 0.0
+
+    def _reply(self, kind):
+        while True:
+            message = self._read()
+            if message[0] == kind:
+                return message
+
+    def _read(self):
+        try:
+            message = self.conn.recv()
+        except (EOFError, OSError):
+            raise RuntimeError("the rank server died (is the machine out of memory?); run the cell again "
+                               "to start a new one") from None
+        if message[0] == "exited":
+            self.exit_codes[message[1]] = message[2]
+        return message
+
+
+# --------------------------------------------------------------------------------------------
+# Watching the ranks
+# --------------------------------------------------------------------------------------------
+
+class _Rank:
+    """The kernel's view of one rank: its pid, its pipes, and what it has said so far."""
+
+    def __init__(self, rank, pid, server, result, out, err):
+        self.rank, self.pid, self.server, self.result, self.streams = rank, pid, server, result, {1: out, 2: err}
+        self.partial = {1: b"", 2: b""}
+        self.outcome = RankOutcome(rank)
+        self.value = None
+        self.capture = None  # a list while collecting a stack dump instead of printing stderr
+        self.exited_at = None
+
+    @property
+    def exitcode(self):
+        return self.server.exit_codes.get(self.pid)
+
+    def handles(self):
+        open_ = [c for c in (self.result, *self.streams.values()) if not c.closed]
+        if self.exitcode is None:
+            return open_
+        # Ended: drain its pipes briefly. A grandchild (a DataLoader worker, say) may hold them open.
+        self.exited_at = self.exited_at or time.monotonic()
+        drain = time.monotonic() - self.exited_at < 0.5
+        return [c for c in open_ if drain or c is self.result]
+
+    def read(self, conn):
+        if conn is self.result:
+            try:
+                kind, body = pickle.loads(conn.recv_bytes())
+            except EOFError:
+                conn.close()
+                return
+            if kind == "ok":
+                self.value, self.outcome.returned = cloudpickle.loads(body), True
+            else:
+                self.outcome.report = body
+            return
+        fd = 1 if conn is self.streams[1] else 2
+        data = os.read(conn.fileno(), 65536)
+        if not data:
+            conn.close()
+            data = b"\n" if self.partial[fd] else b""
+        *lines, self.partial[fd] = (self.partial[fd] + data).split(b"\n")
+        for line in lines:
+            text = line.decode(errors="replace")
+            if fd == 2:
+                self.outcome.stderr_tail = (self.outcome.stderr_tail + [text])[-200:]
+                if self.capture is not None:
+                    self.capture.append(text)
+                    continue
+            print(f"[rank {self.rank}] {text}", file=sys.stdout if fd == 1 else sys.stderr, flush=True)
+
+    def failed(self):
+        return bool(self.outcome.report) or self.exitcode not in (None, 0)
+
+    def kill(self):
+        """Stop the rank, and whatever it started (its process group: DataLoader workers, a library's
+        own ranks), even after it ended; a group's number is never reused while the group exists."""
+        running = self.exitcode is None
+        self.outcome.killed |= running
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):  # no group (yet): the rank alone, if it still runs
+            if running:
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def close(self):
+        for conn in (self.result, *self.streams.values()):
+            conn.close()
+
+    def final(self):
+        """What errors.py needs to know about this rank."""
+        self.outcome.exitcode = self.exitcode
+        self.outcome.stack = self.capture
+        return self.outcome
+
+
+def _pump(ranks, server, until, stop_when=lambda: False):
+    """Read whatever the ranks and the server send until ``until`` (a monotonic time) or ``stop_when()``."""
+    while not stop_when():
+        handles = {h: r for r in ranks for h in r.handles()}
+        now = time.monotonic()
+        if now >= until or (not handles and all(r.exitcode is not None for r in ranks)):
+            return
+        for h in wait([*handles, server.conn], timeout=until - now):
+            if h is server.conn:
+                server.poll()
+            else:
+                handles[h].read(h)
+
+
+def _watch(ranks, plan, timeout, server):
+    __tracebackhide__ = True
+    deadline = time.monotonic() + timeout
+    _pump(ranks, server, deadline, stop_when=lambda: any(r.failed() for r in ranks))
+    if any(r.failed() for r in ranks):  # let the others report (their secondary errors) for a moment
+        _pump(ranks, server, min(deadline, time.monotonic() + FAILURE_GRACE))
+        _stop(ranks, server)
+        raise failure_error([r.final() for r in ranks])
+    hung = [r for r in ranks if r.exitcode is None]
+    if hung:
+        for r in hung:  # faulthandler in each rank prints its stack on SIGUSR1
+            r.capture = []
+            os.kill(r.pid, signal.SIGUSR1)
+        _pump(hung, server, time.monotonic() + STACK_DUMP_WAIT)
+        _stop(ranks, server)
+        raise timeout_error([r.final() for r in ranks], plan.world_size, timeout)
+    missing = [r.rank for r in ranks if not r.outcome.returned]
+    if missing:
+        raise RankError(f"rank(s) {missing} exited without returning a result (os._exit in the cell?).",
+                        missing[0], {})
+    return [r.value for r in ranks]
+
+
+def _stop(ranks, server):
+    """Kill the ranks still running, wait (5 s at most) until the server has seen each end, close pipes."""
+    for r in ranks:
+        r.kill()
+    deadline = time.monotonic() + 5
+    while any(r.exitcode is None for r in ranks) and time.monotonic() < deadline:
+        server.poll(timeout=deadline - time.monotonic())
+    for r in ranks:
+        r.close()

@@ -1,0 +1,99 @@
+"""Step 1 of a launch, in the kernel: check the arguments and decide what will run where.
+
+Nothing is started here. ``plan_launch`` answers three questions, or raises saying what to do:
+
+- **Which backend, on which device?** NCCL with one GPU per rank when there are at least as many
+  GPUs as ranks, otherwise gloo with CPU tensors. Two NCCL ranks cannot share one GPU, so on a
+  1-GPU machine one rank runs on the GPU over NCCL and 2 or more run on the CPU over gloo (the
+  launch line says which, and why).
+- **How many torch threads per rank?** The cores shared out: a rank never gets fewer than one.
+- **Is the machine oversubscribed?** More CPU ranks than cores still works, timings get pessimistic.
+
+The number of GPUs comes from ``torch.cuda.device_count()``, which asks the driver without
+initialising CUDA in the kernel (``import utils`` sets ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` so that
+``torch.cuda.is_available()`` does not initialise it either).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+
+import torch
+import torch.distributed as dist
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+    """What ``run_ranks`` will start, decided before any process exists."""
+
+    world_size: int
+    backend: str  # "gloo" or "nccl"
+    device: str  # "cpu" or "cuda"
+    threads_per_rank: int  # torch intra-op threads in each rank
+    cpu_cores: int
+    gpus: int  # GPUs visible to this process
+    note: str = ""  # why the backend is not the obvious one, if it is not
+
+    def describe(self) -> str:
+        """The ``[launch]`` line printed above a multi-rank cell's output."""
+        if self.device == "cuda":
+            where = f"GPU {'0' if self.world_size == 1 else f'0-{self.world_size - 1}'}"
+        else:
+            where = "CPU"
+        line = (f"[launch] {self.world_size} rank{'s' if self.world_size > 1 else ''} · {self.backend} on {where} · "
+                f"{self.threads_per_rank} torch thread(s) per rank on {self.cpu_cores} core(s)")
+        if self.device == "cpu" and self.world_size > self.cpu_cores:
+            line += (f" · oversubscribed: {self.world_size} ranks share {self.cpu_cores} cores, "
+                     f"so results are right and timings pessimistic")
+        return line + (f"\n[launch] {self.note}" if self.note else "")
+
+
+def default_threads(world_size: int, cores: int) -> int:
+    """Torch threads per CPU rank: the cores shared out evenly, at least one.
+
+    Measured with ``make bench`` (tests/benchmarks/bench_launch.py): on a 2-core machine a matmul
+    step on 2 ranks is no faster with 2 threads each than with 1 (the ranks already fill the
+    cores), and more threads than cores makes the ranks fight; with 1 rank, 2 threads are ~1.8x
+    faster. Sharing the cores out is what torchrun's users do with ``OMP_NUM_THREADS``.
+    """
+    return max(1, cores // world_size)
+
+
+def plan_launch(world_size, backend="auto", threads_per_rank=None) -> LaunchPlan:
+    """Check the arguments and decide backend, device and threads, or raise saying what to do."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}; "
+                         f"use e.g. world_size=2 (ranks are CPU processes when there are no GPUs).")
+    if backend not in ("auto", "gloo", "nccl"):
+        raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', got {backend!r}.")
+    if threads_per_rank is not None and (isinstance(threads_per_rank, bool) or not isinstance(threads_per_rank, int)
+                                         or threads_per_rank < 1):
+        raise ValueError(f"threads_per_rank must be None (share the cores out) or a positive integer, "
+                         f"got {threads_per_rank!r}.")
+    gpus = torch.cuda.device_count()  # asks the driver (NVML): CUDA stays uninitialised in the kernel
+    nccl = dist.is_nccl_available()
+    if backend == "nccl" and (gpus < world_size or not nccl):
+        if not gpus:
+            raise RuntimeError(f"backend='nccl' needs one GPU per rank: {world_size} ranks asked, no GPU found. "
+                               f"Use backend='auto' or 'gloo' to run the ranks as CPU processes.")
+        raise RuntimeError(f"backend='nccl' needs one GPU per rank: {world_size} ranks asked, {gpus} GPU(s) found"
+                           f"{'' if nccl else ' and this torch has no NCCL'}. Two NCCL ranks cannot share a GPU: "
+                           f"use backend='auto' (gloo on CPU here) or world_size<={gpus}.")
+    note = ""
+    if backend == "auto":
+        backend = "nccl" if gpus >= world_size and nccl else "gloo"
+        if backend == "gloo" and gpus:
+            note = (f"{gpus} GPU(s) here, {world_size} ranks asked: NCCL needs one GPU per rank (two NCCL ranks "
+                    f"cannot share a GPU), so these ranks run on the CPU over gloo. "
+                    f"world_size<={gpus} runs on the GPU{'s' if gpus > 1 else ''} over NCCL.")
+    device = "cuda" if backend == "nccl" else "cpu"
+
+    cores = os.cpu_count() or 1
+    if device == "cpu" and world_size > 2 * cores:
+        warnings.warn(f"{world_size} CPU ranks on {cores} cores is more than this machine can sensibly run: "
+                      f"each rank gets {cores / world_size:.2f} of a core, results stay correct but every step is slow. "
+                      f"Use world_size<={2 * cores} here, or a machine with more cores.", stacklevel=3)
+    threads = threads_per_rank or default_threads(world_size, cores)
+    return LaunchPlan(world_size, backend, device, threads, cores, gpus, note)

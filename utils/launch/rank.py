@@ -1,0 +1,134 @@
+"""Step 4 of a launch: what runs inside each rank process, from its first line to its result.
+
+The rank server (``server.py``) forks a rank and calls ``rank_main`` in the child. The child is a
+copy of the server, a fresh interpreter that has imported torch and never ran autograd, CUDA or
+OpenMP, so the rank may use all three. It does, in order:
+
+1. points its stdout and stderr (the file descriptors, so C++ warnings and crash dumps too) at the
+   pipes the kernel reads, which prefix every line with ``[rank k]``;
+2. arms the tools the launcher uses to explain failures: ``faulthandler`` prints the Python stack
+   on a segfault, and on SIGUSR1 (sent when the ranks hang past their timeout); Linux kills the
+   rank if the server dies (PR_SET_PDEATHSIG), and the server dies with the kernel;
+3. becomes the kernel, as far as the function can tell: same working folder, ``sys.path`` and
+   environment variables, and the source lines of the notebook's cells (for tracebacks); then
+   unpickles the function and its arguments (they travelled by value, with cloudpickle);
+4. sets what torchrun would set (``RANK``, ``WORLD_SIZE``...), its torch thread count and its GPU,
+   joins the default process group through a ``FileStore`` and waits at a barrier for every peer;
+5. calls the function and sends back ``("ok", value)`` with tensors moved to the CPU, or
+   ``("error", report)`` with the traceback, which ``errors.py`` turns into ``RankError``.
+
+A rank never returns into the server's code: it leaves with ``os._exit``.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import io
+import linecache
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from datetime import timedelta
+from multiprocessing.connection import Connection
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+
+from .errors import looks_secondary
+
+
+def rank_main(setup, payload, result_fd, out_fd, err_fd):
+    """Entry point of every rank process (a child of the server). Never returns."""
+    result = Connection(result_fd, readable=False)
+    # Our output goes to the kernel's pipes, which prefix it with "[rank k]". Redirecting the file
+    # descriptors (not just sys.stdout) also catches C++ warnings and faulthandler's stack dumps.
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    os.close(out_fd), os.close(err_fd)
+    sys.stdout = io.TextIOWrapper(open(1, "wb", closefd=False), line_buffering=True)
+    sys.stderr = io.TextIOWrapper(open(2, "wb", closefd=False), line_buffering=True)
+    faulthandler.enable(file=sys.stderr)  # a segfault prints the Python stack
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)  # "where are you stuck?"
+    die_with_parent()
+    rank, world_size = setup["rank"], setup["world_size"]
+    try:
+        _become_the_kernel(setup)
+        # What torchrun would set, for libraries that look (the process group is created below).
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                          LOCAL_WORLD_SIZE=str(world_size))
+        fn, args, kwargs = cloudpickle.loads(payload)
+        torch.set_num_threads(setup["threads"])
+        if setup["device"] == "cuda":
+            torch.cuda.set_device(rank)
+        if setup["process_group"]:
+            # The gloo/NCCL timeout is longer than the launcher's, so a hang is reported by the
+            # launcher, with stacks, rather than as an opaque backend error.
+            store = dist.FileStore(setup["store"], world_size)
+            dist.init_process_group(setup["backend"], store=store, rank=rank, world_size=world_size,
+                                    timeout=timedelta(seconds=setup["timeout"] + 60))
+            # init can return on one rank while another is still connecting to it; without this
+            # barrier a rank whose fn returns at once can exit and break its peer's connection.
+            dist.barrier()
+        value = fn(*args, **kwargs)
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the kernel
+        tb = exc.__traceback__.tb_next or exc.__traceback__  # start at the learner's frame, not this one
+        report = dict(time=time.monotonic(), type=type(exc).__name__, message=str(exc),
+                      traceback="".join(traceback.format_exception(type(exc), exc, tb)),
+                      secondary=looks_secondary(exc))
+        _leave(result, ("error", report), 1)
+    try:
+        # cloudpickle: a class defined in the notebook goes back as the kernel's own class.
+        data = cloudpickle.dumps(_to_cpu(value))
+    except Exception as exc:  # noqa: BLE001
+        _leave(result, ("error", dict(time=time.monotonic(), type="PicklingError", secondary=False,
+               message=f"rank {rank} returned a {type(value).__name__} that cannot be sent back: {exc}",
+               traceback="Return plain values: tensors, numbers, lists, dicts (e.g. tensor.detach().cpu()).\n")), 1)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _leave(result, ("ok", data), 0)
+
+
+def _become_the_kernel(setup):
+    """Same folder, import path, environment and cell sources as the kernel that launched us."""
+    os.chdir(setup["cwd"])
+    sys.path[:] = setup["sys_path"]
+    os.environ.clear()
+    os.environ.update(setup["env"])
+    for filename, lines in setup["cell_sources"].items():  # so tracebacks show the notebook's lines
+        linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
+
+
+def _leave(result, message, code):
+    """Send the result, flush our output and exit without running any clean-up (the peers may be
+    gone, and tearing a process group down could block)."""
+    try:
+        result.send_bytes(pickle.dumps(message))
+    finally:
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(code)
+
+
+def _to_cpu(value):
+    """Tensors come back on the CPU: unpickling a CUDA tensor would initialise CUDA in the kernel."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return type(value)(_to_cpu(v) for v in value)
+    if type(value) is dict:
+        return {k: _to_cpu(v) for k, v in value.items()}
+    return value
+
+
+def die_with_parent():
+    """Ask Linux to kill this process when its parent dies: a rank with its server, the server with
+    its kernel, so that nothing outlives a notebook."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
