@@ -5,6 +5,7 @@ Each module holds one idea and names the notebook that derives it:
 - ``utils.launch``: ``run_ranks`` and the ``%%ranks N`` magic, the launcher behind every multi-rank
   cell: a package whose files each run in one process (kernel, rank server, rank) (notebook 00).
 - ``utils.hardware``: what this machine has, said out loud (notebook 00).
+- ``utils.compat``: the collectives whose names or gloo support changed between torch 2.11 and 2.13.
 - ``utils.ledger``: ``CommLedger``, bytes and time of every collective a rank calls (notebook 01).
 - ``utils.models``: ``ToyNet``, the course model with a frozen parameter, a buffer and a tied
   weight (notebook 02).

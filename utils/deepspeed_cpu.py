@@ -20,13 +20,14 @@ on a fresh 2-core machine ``deepspeed_shm_comm`` takes over two minutes, ``fused
 The other slow first call is Python imports. ``deepspeed.initialize`` imports torch's compiler
 stack lazily (torch._dynamo when the first torch optimizer is built, and DeepSpeed's optional Muon
 optimizer, which calls ``torch.compile`` at import): measured 8-15 s *per rank* on 2 cores, paid
-again by every launch, because forked ranks do not give their imports back to the kernel.
-Importing them once in the kernel, before the ranks fork, makes a launch take about a second.
+again by every launch, because a rank's imports die with it. Importing them once in the kernel
+makes the launcher's rank server import them too (``utils/launch/kernel.py``, ``HEAVY_MODULES``),
+so every rank it forks afterwards starts with them: a launch then takes about a second.
 
 ``import_deepspeed(world_size)`` (in the kernel, before any rank starts) picks DeepSpeed's
 accelerator the way ``run_ranks`` picks the device, imports DeepSpeed and the modules
 ``deepspeed.initialize`` would import in every rank, quiets its per-rank INFO lines and points
-``TORCH_EXTENSIONS_DIR`` at a fresh, empty folder that the forked ranks inherit;
+``TORCH_EXTENSIONS_DIR`` at a fresh, empty folder that the ranks inherit with the kernel's environment;
 ``avoid_op_builds()`` goes at the top of every rank function that calls ``deepspeed.initialize``;
 ``built_ops(folder)`` lists what was compiled anyway (a lesson asserts it is empty).
 """
@@ -68,12 +69,13 @@ def import_deepspeed(world_size, quiet=True, warm=True):
     if quiet:  # its INFO lines print the whole config, once per rank
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     folder = tempfile.mkdtemp(prefix="ds_torch_extensions_")  # EMPTY: any op DeepSpeed compiles lands here
-    os.environ["TORCH_EXTENSIONS_DIR"] = folder  # forked ranks inherit it
+    os.environ["TORCH_EXTENSIONS_DIR"] = folder  # each rank gets the kernel's environment of the moment
     return deepspeed, folder
 
 
-def avoid_op_builds(folder=None):
-    """Inside a rank, before ``deepspeed.initialize``: no inference-only shm op, no deprecation noise.
+def avoid_op_builds(folder=None, quiet=True):
+    """Inside a rank, before ``deepspeed.initialize``: no inference-only shm op, no deprecation noise,
+    and (``quiet``) no INFO lines, which print the whole config once per rank.
 
     We ask the current accelerator for its shm builder, as ``deepspeed.comm.torch.build_shm_op``
     does: the CPU accelerator has one (we mark its op unavailable), the CUDA accelerator has none
@@ -84,6 +86,8 @@ def avoid_op_builds(folder=None):
 
     if folder:
         os.environ["TORCH_EXTENSIONS_DIR"] = folder
+    if quiet:
+        logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*is deprecated. Please use", category=FutureWarning)  # old torch names
     accelerator = get_accelerator()
     builder = accelerator.create_op_builder(SHM_BUILDER)

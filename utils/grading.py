@@ -19,8 +19,7 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from .launch import run_ranks
-from .rank_errors import RankError, RankTimeoutError
+from .launch import RankError, RankTimeoutError, run_ranks
 
 GENERIC_HINT = "your code must run on every rank without error; read the message."
 

@@ -19,7 +19,7 @@ def describe_machine() -> dict:
     """CPU cores, memory, GPUs and the communication backends this torch build offers.
 
     Nothing here initialises CUDA in this process (``torch.cuda.device_count()`` asks the driver,
-    names come from ``nvidia-smi``), so the launcher can still fork ranks afterwards.
+    names come from ``nvidia-smi``), so a child process can still use CUDA afterwards.
     """
     gpus = torch.cuda.device_count()
     return {

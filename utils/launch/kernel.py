@@ -48,8 +48,9 @@ from .plan import plan_launch
 DEFAULT_TIMEOUT = 180.0  # seconds; pass timeout= for longer cells
 FAILURE_GRACE = 1.0  # seconds the other ranks get to report after the first failure
 STACK_DUMP_WAIT = 1.0  # seconds to collect the stacks of hung ranks before stopping them
-# Libraries that take seconds to import. Once the notebook has imported one, the server imports it
-# too (once), so that ranks start with it instead of importing it each.
+# Libraries that take seconds to import. Once the notebook has imported one of them (or a part of
+# one), the server imports the same modules too, once, so that ranks start with them instead of
+# importing them each.
 HEAVY_MODULES = ("lightning", "deepspeed", "torch._dynamo", "torch.distributed.fsdp", "torch.distributed.tensor",
                  "torch.distributed.pipelining", "torch.distributed.checkpoint", "transformers", "sklearn")
 
@@ -156,7 +157,8 @@ class RankServer:
 
     def mirror_imports(self):
         """Have the server import the heavy libraries this kernel has imported since it started."""
-        wanted = [m for m in HEAVY_MODULES if m in sys.modules and m not in self.imported]
+        wanted = [name for name in list(sys.modules) if name not in self.imported
+                  and any(name == heavy or name.startswith(heavy + ".") for heavy in HEAVY_MODULES)]
         if wanted:
             self.conn.send(("preload", wanted, dict(os.environ), list(sys.path)))
             self._reply("preloaded")
