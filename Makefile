@@ -75,6 +75,10 @@ course: setup  ## every notebook with its full parameters, into build/course/, t
 bench: setup  ## launch-time benchmark of run_ranks (not a test: it only measures)
 	$(BIN)/python tests/benchmarks/bench_launch.py
 
+.PHONY: test-matrix
+test-matrix: setup  ## every notebook at every WORLD_SIZE from 1 to 6 it supports (metadata.course.world_sizes; long)
+	$(BIN)/python -m pytest -m notebook --world-sizes=1,2,3,4,5,6 $(PYTEST_ARGS)
+
 .PHONY: robust
 robust: setup  ## one core kept busy: the notebook suite, then each timing-sensitive notebook 5 times (long)
 	$(BIN)/python tests/robustness.py $(ROBUST_ARGS)
