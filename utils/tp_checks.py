@@ -53,7 +53,8 @@ TP_HINTS = {
                 "ranks reach waits forever.",
 }
 ERROR_PHRASES = [("shapes cannot be multiplied", "wrong_dimension"), ("size mismatch", "wrong_dimension")]
-IN, HIDDEN, OUT, BATCH = 12, 16, 10, 6  # the checker's MLP: IN -> HIDDEN (column) -> OUT (row); t divides 16
+IN, HIDDEN, OUT, BATCH = 12, 120, 10, 6  # the checker's MLP: IN -> HIDDEN (column) -> OUT (row);
+# 120: whole, equal slices on 1-6 and 8 ranks
 
 
 def _fail(mistake, what, n=None):
@@ -200,7 +201,7 @@ def _judge_collectives(ops, n):
 def check_parallel_linear(column_cls, row_cls, world_sizes=(2, 4), timeout=30.0):
     """Check ``ColumnParallelLinear`` and ``RowParallelLinear`` as an MLP, beside the unsplit ``nn.Linear`` pair.
 
-    On each world size n: ``Linear(12, 16)`` split by columns, GeLU, ``Linear(16, 10)`` split by
+    On each world size n: ``Linear(12, 120)`` split by columns, GeLU, ``Linear(120, 10)`` split by
     rows, built on every rank from the same seed. Demands, in this order: the weights' shapes; one
     all-reduce in the row layer's forward (the output) and one in backward (the input gradient),
     none elsewhere; the output, the input gradient and every weight and bias gradient equal to the
