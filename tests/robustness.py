@@ -9,7 +9,7 @@ With a busy process pinned to one core throughout (``taskset -c 0``, a Python lo
 prints the passes per notebook and exits non-zero if any run failed. The busy process is stopped on
 every exit, interrupts included. Executed copies go to ``build/robust/``.
 
-    python tests/robustness.py                        # all of it (long: about an hour on 2 cores)
+    python tests/robustness.py                        # all of it (32 minutes on a 2-core machine)
     python tests/robustness.py --no-suite --only 05   # lesson 05, 5 times, under the busy core
 """
 
