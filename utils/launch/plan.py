@@ -53,9 +53,9 @@ class LaunchPlan:
 def default_threads(world_size: int, cores: int) -> int:
     """Torch threads per CPU rank: the cores shared out evenly, at least one.
 
-    ``make bench`` measures it (tests/benchmarks/bench_launch.py): one rank with both cores of a
-    2-core machine ran 30 MLP steps in 0.97 s, with one thread in 1.16 s; with two ranks, one thread
-    each already fills the cores, and more threads than cores make the ranks fight. Sharing the
+    ``make bench`` measures it (tests/benchmarks/bench_launch.py): on a quiet 2-core machine one rank
+    ran 30 MLP steps in 0.55 s with both cores and in 1.04 s with one thread; with two ranks, one
+    thread each already fills the cores, and more threads than cores make the ranks fight. Sharing the
     cores out is what torchrun's users do with ``OMP_NUM_THREADS``. Before the rank server, ranks
     forked from the kernel had to stay at one thread: GNU OpenMP's pool does not survive a fork.
     """
