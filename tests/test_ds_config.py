@@ -9,7 +9,7 @@ pytest.importorskip("deepspeed")
 
 from utils.ds_config import Finding, check_config, deepspeed_schema, load_config, report
 
-# The seed article's second config (../shared/reference/001_6d6ed87610f3b755.txt), copied as written.
+# The second config of the DeepSpeed tutorial that lesson 06 quotes, copied as written.
 ARTICLE_CONFIG = """
 hparams = Hparams(
 zero_optimization={
