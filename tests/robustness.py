@@ -10,7 +10,7 @@ prints the passes per notebook and exits non-zero if any run failed. The busy pr
 every exit, interrupts included. Executed copies go to ``build/robust/``.
 
     python tests/robustness.py                        # all of it (32 minutes on a 2-core machine)
-    python tests/robustness.py --no-suite --only 05   # lesson 05, 5 times, under the busy core
+    python tests/robustness.py --no-suite --only 06   # lesson 06, 5 times, under the busy core
 """
 
 import argparse
@@ -26,12 +26,12 @@ import psutil
 from notebook_runner import BUILD, ROOT, execute, parameters_for
 
 # Notebooks whose asserts involve a time: 00 (a crashed rank is reported within seconds), 01 (our ring
-# vs gloo), 03 and 06 (the first DeepSpeed cell compiles nothing: timed), 04 (the naive split's idle
-# share), 05 (the bubble), 07 (data-loading workers).
+# vs gloo), 03 and 07 (the first DeepSpeed cell compiles nothing: timed), 05 (the naive split's idle
+# share), 06 (the bubble), 08 (data-loading workers).
 TIMING_SENSITIVE = ["notebooks/00_start_here.ipynb", "notebooks/01_collectives.ipynb",
-                    "notebooks/03_sharded_data_parallelism.ipynb", "notebooks/04_model_parallelism.ipynb",
-                    "notebooks/05_pipeline_parallelism.ipynb", "notebooks/06_deepspeed.ipynb",
-                    "notebooks/07_lightning_at_scale.ipynb"]
+                    "notebooks/03_sharded_data_parallelism.ipynb", "notebooks/05_model_parallelism.ipynb",
+                    "notebooks/06_pipeline_parallelism.ipynb", "notebooks/07_deepspeed.ipynb",
+                    "notebooks/08_lightning_at_scale.ipynb"]
 BUSY_LOOP = "while True: pass"
 
 
@@ -75,7 +75,7 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=5, help="runs of each timing-sensitive notebook (5)")
     parser.add_argument("--world-size", type=int, default=2, help="WORLD_SIZE of the repeated runs (2)")
     parser.add_argument("--world-sizes", default="2,3", help="--world-sizes of the notebook suite (2,3)")
-    parser.add_argument("--only", nargs="*", help="repeat only the timing-sensitive notebooks whose name starts so, e.g. 05")
+    parser.add_argument("--only", nargs="*", help="repeat only the timing-sensitive notebooks whose name starts so, e.g. 06")
     parser.add_argument("--no-suite", action="store_true", help="skip part 1, the notebook suite")
     args = parser.parse_args(argv)
     paths = [p for p in TIMING_SENSITIVE if not args.only or any(Path(p).name.startswith(o) for o in args.only)]

@@ -1,4 +1,4 @@
-"""The two estimators notebook 05 compares a measured step with: ``bubble_at_cost`` and ``start_shift``."""
+"""The two estimators notebook 06 compares a measured step with: ``bubble_at_cost`` and ``start_shift``."""
 
 import pytest
 
@@ -19,7 +19,7 @@ def test_an_undisturbed_step_is_the_formula_and_its_simulation(name, p, m):
 @pytest.mark.parametrize("p", [2, 3, 4, 5, 6, 8])
 @pytest.mark.parametrize("m", [2, 4, 8])
 def test_start_shift_tells_gpipe_from_1f1b(p, m):
-    """Lesson 05 asserts its measured timeline is nearer its own schedule than halfway to the other: they differ."""
+    """Lesson 06 asserts its measured timeline is nearer its own schedule than halfway to the other: they differ."""
     gpipe, ofob = (simulate(schedule_orders(name, p, m), *COSTS) for name in ("GPipe", "1F1B"))
     assert start_shift(gpipe, ofob) > 0.05 and start_shift(ofob, gpipe) > 0.05
 

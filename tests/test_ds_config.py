@@ -1,4 +1,4 @@
-"""The DeepSpeed config checker (utils/ds_config.py, notebook 06): the seed article's config, hidden
+"""The DeepSpeed config checker (utils/ds_config.py, notebook 07): the seed article's config, hidden
 misspellings at every level, a clean config, duplicates in a JSON file, contradictions."""
 
 import json
@@ -9,7 +9,7 @@ pytest.importorskip("deepspeed")
 
 from utils.ds_config import Finding, check_config, deepspeed_schema, load_config, report
 
-# The second config of the DeepSpeed tutorial that lesson 06 quotes, copied as written.
+# The second config of the DeepSpeed tutorial that lesson 07 quotes, copied as written.
 ARTICLE_CONFIG = """
 hparams = Hparams(
 zero_optimization={

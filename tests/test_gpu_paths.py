@@ -2,9 +2,9 @@
 
 Two failures seen on a 1-GPU machine (issue 12), each faked here at the point where it happened:
 
-- ``06_deepspeed_train.py`` under torchrun: ``avoid_op_builds`` insisted on the shm op, which only
+- ``07_deepspeed_train.py`` under torchrun: ``avoid_op_builds`` insisted on the shm op, which only
   DeepSpeed's CPU accelerator has; the CUDA accelerator's table of ops has no such name.
-- ``07_lightning_train.py --accelerator gpu --strategy fsdp|deepspeed``: the losses were reduced
+- ``08_lightning_train.py --accelerator gpu --strategy fsdp|deepspeed``: the losses were reduced
   as a CPU tensor, which NCCL refuses ("No backend type associated with device type cpu").
 """
 
@@ -73,7 +73,7 @@ def test_avoid_op_builds_names_a_missing_op(accelerator_and_ops):
 
 
 def _lightning_script():
-    spec = importlib.util.spec_from_file_location("lightning_train", ROOT / "notebooks/scripts/07_lightning_train.py")
+    spec = importlib.util.spec_from_file_location("lightning_train", ROOT / "notebooks/scripts/08_lightning_train.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

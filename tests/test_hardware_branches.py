@@ -1,10 +1,10 @@
-"""The hardware-dependent branches of lesson 06, without the hardware.
+"""The hardware-dependent branches of lesson 07, without the hardware.
 
 DeepSpeed's accelerator answers ``is_fp16_supported()`` / ``is_bf16_supported()`` with True, False
 or None (its CPU accelerator returns None on a CPU without fp16, an AMD EPYC). Each answer is faked
 here, and so is a CPU without bf16, to check the normalised facts (``utils.hardware.precision_support``)
 and the branch the lesson takes on them (``half_precision``, ``expected_fp16_outcome``): the same
-functions notebook 06 calls.
+functions notebook 07 calls.
 """
 
 import sys
@@ -106,7 +106,7 @@ def test_deepspeed_cpu_accelerator_itself(monkeypatch, native):
     cpu_accelerator = pytest.importorskip("deepspeed.accelerator.cpu_accelerator")
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_fp16_supported", lambda: native)
     accelerator = cpu_accelerator.CPU_Accelerator()
-    assert accelerator.is_fp16_supported() is (True if native else None)  # None: the answer that broke lesson 06
+    assert accelerator.is_fp16_supported() is (True if native else None)  # None: the answer that broke lesson 07
     support = hw.precision_support(accelerator)
     assert support.deepspeed_fp16 is native and support.deepspeed_bf16 is True
     assert hw.expected_fp16_outcome(support) == ("accepted" if native else "refused")

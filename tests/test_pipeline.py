@@ -1,6 +1,6 @@
 """utils/pipeline.py: the schedules, the simulator, the bubble formula and the error messages (pure Python, fast).
 
-The runs on ranks are checked in notebooks/05_pipeline_parallelism.ipynb and tests/test_pipeline_lab.py.
+The runs on ranks are checked in notebooks/06_pipeline_parallelism.ipynb and tests/test_pipeline_lab.py.
 """
 
 import pytest

@@ -1,6 +1,6 @@
 """The pipeline lab's checker (utils/pipeline_checks.py) accepts the reference and rejects planted wrong answers.
 
-Each classic mistake of labs/05_pipeline_lab.ipynb is planted here, and the test asserts that the
+Each classic mistake of labs/06_pipeline_lab.ipynb is planted here, and the test asserts that the
 checker names it (``LabCheckFailed.mistake``) and says the key phrase of its hint. The lab's
 notebook itself runs in tests/test_notebooks.py.
 """

@@ -1,6 +1,6 @@
 """The tensor-parallel lab's checker (utils/tp_checks.py) accepts the reference and rejects planted wrong answers.
 
-Each classic mistake of labs/04_tensor_parallel_lab.ipynb is planted here: the weight split along
+Each classic mistake of labs/05_tensor_parallel_lab.ipynb is planted here: the weight split along
 the wrong dimension, the all-reduce in the wrong direction (f and g swapped, in the operators or in
 the layers), the row bias added on every rank, the missing backward all-reduce, and no divisibility
 check. The test asserts that the checker names each (``LabCheckFailed.mistake``) and says the key

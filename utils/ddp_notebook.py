@@ -1,4 +1,4 @@
-"""Lightning's ``ddp_notebook`` strategy, made safe on any core count (notebooks 02 and 07).
+"""Lightning's ``ddp_notebook`` strategy, made safe on any core count (notebooks 02 and 08).
 
 ``ddp_notebook`` forks the process that calls ``trainer.fit``: here, the notebook's kernel. Unlike
 ``run_ranks`` (whose ranks come from a rank server, notebook 00), a fork of the kernel inherits
@@ -12,7 +12,7 @@ and 8 with 2 ranks on a 16-core machine. ``fit_on_forked_ranks`` keeps every for
 On a GPU machine a fork of the kernel has two more problems, which no setting fixes: after the
 kernel has run ``backward()``, a forked child cannot run backward (autograd's per-device threads),
 and after the kernel has initialised CUDA, a forked child cannot use it. Lightning's answer is the
-``ddp`` strategy from a script (notebook 07 runs one).
+``ddp`` strategy from a script (notebook 08 runs one).
 """
 
 import os

@@ -1,6 +1,6 @@
 """DeepSpeed on CPU ranks (and on GPUs) without waiting for a C++ compiler.
 
-Derived in notebook 03 (sharded data parallelism, the DeepSpeed part) and used by notebook 06
+Derived in notebook 03 (sharded data parallelism, the DeepSpeed part) and used by notebook 07
 (DeepSpeed in practice). DeepSpeed compiles some of its C++ ops *the first time they are used*
 (a JIT build with ninja into ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``):
 on a fresh 2-core machine ``deepspeed_shm_comm`` takes over two minutes, ``fused_adam`` about

@@ -1,7 +1,7 @@
 """How a lab grades an answer: run it on ranks, and turn what went wrong into a named mistake with a hint.
 
 Shared by the checker of every lab: ``utils.checks`` (labs 01-02), ``utils.zero_checks`` (lab 03),
-``utils.tp_checks`` (lab 04) and ``utils.pipeline_checks`` (lab 05). A checker returns a
+``utils.tp_checks`` (lab 05) and ``utils.pipeline_checks`` (lab 06). A checker returns a
 ``CheckResult`` (print it: what was checked, what was measured) or raises ``LabCheckFailed``, an
 ``AssertionError`` whose ``.mistake`` names the classic mistake it recognised and whose ``.hint``
 says how to fix it. A stub that was never filled in raises its own ``NotImplementedError`` again,

@@ -1,6 +1,6 @@
 """Pipeline schedules as data: who runs which forward and backward, in which order, and the bubble.
 
-Derived in ``notebooks/05_pipeline_parallelism.ipynb``; the schedule explorer widget there, the
+Derived in ``notebooks/06_pipeline_parallelism.ipynb``; the schedule explorer widget there, the
 measured runs (``utils.timeline``) and the pipeline lab's checker (``utils.pipeline_checks``) all
 use this one module, so the picture the widget draws is the schedule the notebook ran.
 
@@ -272,7 +272,7 @@ def bubble_at_cost(intervals: list[Interval], forward: float, backward: float) -
     only lengthens the span, never the work counted. So this estimate is never below the schedule's
     own bubble, (p-1)/(m+p-1) for GPipe and 1F1B, and a disturbance only raises it. ``idle_fraction``
     counts the work as timed instead: a preempted op is timed as busy, and its idle share can fall
-    *below* the formula (notebook 05 shows both).
+    *below* the formula (notebook 06 shows both).
     """
     work = sum(forward if iv.kind == "F" else backward for iv in intervals if iv.kind in ("F", "B"))
     ranks = len({iv.rank for iv in intervals})

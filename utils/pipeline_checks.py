@@ -1,8 +1,8 @@
-"""The checker of lab 05 (pipeline schedules): the learner's 1F1B op order, simulated, then run.
+"""The checker of lab 06 (pipeline schedules): the learner's 1F1B op order, simulated, then run.
 
-Used by ``labs/05_pipeline_lab.ipynb``. The learner writes ``one_f_one_b(stage, stages,
+Used by ``labs/06_pipeline_lab.ipynb``. The learner writes ``one_f_one_b(stage, stages,
 microbatches) -> list of ("F", mb) / ("B", mb)``, the ops stage ``stage`` runs, in order (see
-``utils.pipeline`` for the conventions; notebook 05 derives them). Same conventions as
+``utils.pipeline`` for the conventions; notebook 06 derives them). Same conventions as
 ``utils.grading``: a ``CheckResult`` on success, else ``LabCheckFailed`` with ``.mistake`` and
 ``.hint``. The evidence, in the order it is checked:
 

@@ -1,10 +1,10 @@
 """Which tensor-parallel degrees fit a model, and a clear error at once when one does not.
 
-Derived in notebook 04 (model parallelism), where Megatron-style tensor parallelism (Shoeybi et
+Derived in notebook 05 (model parallelism), where Megatron-style tensor parallelism (Shoeybi et
 al., arXiv 1909.08053) cuts every weight matrix of a transformer layer into t pieces: the
 column-parallel layers by *output* features, the row-parallel layers by *input* features, and the
 attention by *heads*. Each piece must be whole, so t must divide the hidden size, the MLP's inner
-size and the number of heads. Used by the notebook and by lab 04 (``utils.tp_checks``)::
+size and the number of heads. Used by the notebook and by lab 05 (``utils.tp_checks``)::
 
     check_tp_degree(3, hidden=1000)
     # ValueError: hidden size 1000 is not divisible by tensor-parallel degree 3; use 2, 4 or 5.

@@ -1,6 +1,6 @@
-"""The checker of lab 04 (tensor parallelism): Megatron's f and g, and the column- and row-parallel linears.
+"""The checker of lab 05 (tensor parallelism): Megatron's f and g, and the column- and row-parallel linears.
 
-Used by ``labs/04_tensor_parallel_lab.ipynb``; notebook 04 derives what is checked here. The
+Used by ``labs/05_tensor_parallel_lab.ipynb``; notebook 05 derives what is checked here. The
 learner writes two ``torch.autograd.Function`` classes, ``f`` (CopyToTensorParallelRegion:
 identity forward, all-reduce backward) and ``g`` (ReduceFromTensorParallelRegion: all-reduce
 forward, identity backward), and two modules built from a full ``nn.Linear``:

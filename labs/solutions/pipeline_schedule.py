@@ -1,4 +1,4 @@
-"""Reference solution of labs/05_pipeline_lab.ipynb: the 1F1B (PipeDream-Flush) order of one stage.
+"""Reference solution of labs/06_pipeline_lab.ipynb: the 1F1B (PipeDream-Flush) order of one stage.
 
 Narayanan et al. (2021, arXiv 2104.04473), section 2.2: stage s of p first runs p - s - 1
 *warm-up* forwards (stage 0 the most, the last stage none), so that by the time micro-batch 0's

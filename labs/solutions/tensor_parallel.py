@@ -1,4 +1,4 @@
-"""Reference solution of labs/04_tensor_parallel_lab.ipynb: Megatron's f and g, column- and row-parallel linears.
+"""Reference solution of labs/05_tensor_parallel_lab.ipynb: Megatron's f and g, column- and row-parallel linears.
 
 Megatron-LM (Shoeybi et al., arXiv 1909.08053) splits ``Z = GeLU(X A) B`` over t ranks: A by
 columns (output features), so each rank computes its share of the hidden units with no

@@ -1,13 +1,13 @@
-"""Lesson 06 as a script: the course model on digits under DeepSpeed ZeRO, for torchrun or the
+"""Lesson 07 as a script: the course model on digits under DeepSpeed ZeRO, for torchrun or the
 `deepspeed` launcher, on CPU processes (gloo) or GPUs (NCCL). Run from the repository root:
 
-    # one machine, 2 CPU processes (what notebook 06 runs) or 2 GPUs:
-    torchrun --standalone --nproc_per_node 2 notebooks/scripts/06_deepspeed_train.py --stage 2
-    deepspeed --num_gpus 2 notebooks/scripts/06_deepspeed_train.py --stage 2            # GPUs
+    # one machine, 2 CPU processes (what notebook 07 runs) or 2 GPUs:
+    torchrun --standalone --nproc_per_node 2 notebooks/scripts/07_deepspeed_train.py --stage 2
+    deepspeed --num_gpus 2 notebooks/scripts/07_deepspeed_train.py --stage 2            # GPUs
     # several machines: the same command on each node with torchrun (--nnodes, --node_rank,
     # --rdzv_endpoint), or once with the deepspeed launcher and a hostfile (ssh to every node):
     deepspeed --hostfile notebooks/scripts/hostfile.example --num_nodes 2 --num_gpus 8 \\
-        notebooks/scripts/06_deepspeed_train.py --stage 3 --dtype bf16
+        notebooks/scripts/07_deepspeed_train.py --stage 3 --dtype bf16
 
 Options: --stage 0-3, --steps, --micro-batch, --grad-accum, --dtype fp32|bf16|fp16, --clip,
 --offload (optimizer state to CPU, with a torch optimizer: no cpu_adam to compile), --save DIR

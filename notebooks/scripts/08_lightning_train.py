@@ -1,11 +1,11 @@
-"""Lesson 07's LightningModule, and the same training as a script for strategy "ddp".
+"""Lesson 08's LightningModule, and the same training as a script for strategy "ddp".
 
-Notebook 07 (Lightning at scale) imports ``LitToy`` from this file, so the module is written once.
+Notebook 08 (Lightning at scale) imports ``LitToy`` from this file, so the module is written once.
 As a script it trains the course model (``utils.ToyNet``) on the digits in lesson 02's data order
 and prints the per-step global losses on rank 0:
 
-    python notebooks/scripts/07_lightning_train.py --devices 2 --accelerator cpu
-    python notebooks/scripts/07_lightning_train.py --devices 2 --strategy model_parallel   # FSDP2
+    python notebooks/scripts/08_lightning_train.py --devices 2 --accelerator cpu
+    python notebooks/scripts/08_lightning_train.py --devices 2 --strategy model_parallel   # FSDP2
 
 With ``--strategy ddp`` (the default) Lightning starts the other ranks itself, by running this
 same file again with ``LOCAL_RANK`` set: that is why ``ddp`` needs a script and is refused in a
@@ -63,7 +63,7 @@ def shard_with_fsdp2(net, mesh):
 
 
 class LitToy(L.LightningModule):
-    """ToyNet as a LightningModule; every strategy of lesson 07 trains this same class.
+    """ToyNet as a LightningModule; every strategy of lesson 08 trains this same class.
 
     ``train_data``/``val_data``: TensorDatasets. ``shuffle=False`` keeps lesson 02's order (rank r takes
     samples r, r+n, ... of each global batch); the Trainer must get ``use_distributed_sampler=False``
