@@ -12,8 +12,9 @@ import torch
 import torch.distributed as dist
 
 from notebook_runner import ROOT
-from utils.checks import check_ddp, check_ring_all_reduce
-from utils.grading import LabCheckFailed
+from utils.checkers.ddp import check_ddp
+from utils.checkers.ring_all_reduce import check_ring_all_reduce
+from utils.checkers.common import LabCheckFailed
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
 from solutions.ddp import average_gradients, broadcast_parameters  # noqa: E402

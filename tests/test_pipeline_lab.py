@@ -1,4 +1,4 @@
-"""The pipeline lab's checker (utils/pipeline_checks.py) accepts the reference and rejects planted wrong answers.
+"""The pipeline lab's checker (utils/checkers/pipeline_schedule.py) accepts the reference and rejects planted wrong answers.
 
 Each classic mistake of labs/06_pipeline_lab.ipynb is planted here, and the test asserts that the
 checker names it (``LabCheckFailed.mistake``) and says the key phrase of its hint. The lab's
@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from notebook_runner import ROOT
-from utils.grading import LabCheckFailed
-from utils.pipeline_checks import check_one_f_one_b
+from utils.checkers.common import LabCheckFailed
+from utils.checkers.pipeline_schedule import check_one_f_one_b
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
 from solutions.pipeline_schedule import one_f_one_b  # noqa: E402

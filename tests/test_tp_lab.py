@@ -1,4 +1,4 @@
-"""The tensor-parallel lab's checker (utils/tp_checks.py) accepts the reference and rejects planted wrong answers.
+"""The tensor-parallel lab's checker (utils/checkers/tensor_parallel.py) accepts the reference and rejects planted wrong answers.
 
 Each classic mistake of labs/05_tensor_parallel_lab.ipynb is planted here: the weight split along
 the wrong dimension, the all-reduce in the wrong direction (f and g swapped, in the operators or in
@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from notebook_runner import ROOT
 from torch import nn
 
-from utils.grading import LabCheckFailed
+from utils.checkers.common import LabCheckFailed
 from utils.tensor_parallel import check_tp_degree, nearest_tp_degrees, valid_tp_degrees
-from utils.tp_checks import check_operators, check_parallel_linear
+from utils.checkers.tensor_parallel import check_operators, check_parallel_linear
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
 from solutions.tensor_parallel import ColumnParallelLinear, RowParallelLinear

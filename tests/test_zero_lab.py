@@ -1,4 +1,4 @@
-"""The ZeRO lab's checker (utils/zero_checks.py) accepts the reference and rejects planted wrong answers.
+"""The ZeRO lab's checker (utils/checkers/zero.py) accepts the reference and rejects planted wrong answers.
 
 Each classic mistake of labs/03_zero_lab.ipynb is planted here, and the test asserts that the
 checker names it (``LabCheckFailed.mistake``) and says the key phrase of its hint. The lab's
@@ -14,8 +14,9 @@ import torch.nn.functional as F
 
 from notebook_runner import ROOT
 from utils import compat
-from utils.grading import LabCheckFailed
-from utils.zero_checks import adam_update, check_shard_bounds, check_zero1, check_zero2
+from utils.checkers.common import LabCheckFailed
+from utils.adam import adam_update
+from utils.checkers.zero import check_shard_bounds, check_zero1, check_zero2
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
 from solutions.zero import shard_bounds, zero1_step, zero2_step  # noqa: E402

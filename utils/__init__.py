@@ -14,17 +14,15 @@ Each module holds one idea and names the notebook that derives it:
   (notebooks 02 and 08).
 - ``utils.memory``: bytes a rank holds (counted from tensors, or every live tensor) and the ZeRO
   paper's formulas beside them (notebook 03).
-- ``utils.grading``: how every lab grades an answer: ``LabCheckFailed`` (a named mistake and its hint),
-  ``CheckResult``, the answer run on ranks with its errors brought back (labs 01-06).
-- ``utils.checks``: the checkers of labs 01-02, each with a hint for every classic mistake.
-- ``utils.zero_checks``: the ZeRO lab's checker and the ``adam_update`` it hands learners (lab 03).
+- ``utils.adam``: Adam's update rule written out, ``adam_update`` (lesson 03, lab 03 and its checker).
+- ``utils.checkers``: the labs' checkers, one module per lab named like ``labs/solutions/``: ``common``
+  (``LabCheckFailed``, ``CheckResult``, ``fail``, tolerances), ``ring_all_reduce`` (lab 01), ``ddp``
+  (lab 02), ``zero`` (lab 03), ``tensor_parallel`` (lab 05), ``pipeline_schedule`` (lab 06).
 - ``utils.tensor_parallel``: which tensor-parallel degrees fit a model, ``check_tp_degree`` (notebook 05).
-- ``utils.tp_checks``: the tensor-parallel lab's checker (lab 05).
 - ``utils.pipeline``: pipeline schedules as op lists (GPipe, 1F1B, interleaved), their simulator, the
   bubble formula and the plan checks (notebook 06).
 - ``utils.timeline``: ``run_stage``, a schedule run on stage ranks that records every op, and
   ``draw_gantt`` (notebook 06).
-- ``utils.pipeline_checks``: the pipeline lab's checker (lab 06).
 - ``utils.deepspeed_cpu``: DeepSpeed without compiling a C++ op, its slow imports done once in the
   kernel (notebooks 03 and 07).
 - ``utils.ds_schema``: what the installed DeepSpeed accepts in its config, learned from DeepSpeed (notebook 07).

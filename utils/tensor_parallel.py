@@ -4,7 +4,7 @@ Derived in notebook 05 (model parallelism), where Megatron-style tensor parallel
 al., arXiv 1909.08053) cuts every weight matrix of a transformer layer into t pieces: the
 column-parallel layers by *output* features, the row-parallel layers by *input* features, and the
 attention by *heads*. Each piece must be whole, so t must divide the hidden size, the MLP's inner
-size and the number of heads. Used by the notebook and by lab 05 (``utils.tp_checks``)::
+size and the number of heads. Used by the notebook and by lab 05 (``utils.checkers.tensor_parallel``)::
 
     check_tp_degree(3, hidden=1000)
     # ValueError: hidden size 1000 is not divisible by tensor-parallel degree 3; use 2, 4 or 5.

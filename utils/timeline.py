@@ -1,7 +1,7 @@
 """Run a pipeline schedule on stage ranks with send/recv, record every op's time, draw it as a Gantt chart.
 
 Derived in ``notebooks/06_pipeline_parallelism.ipynb`` (GPipe and 1F1B from scratch); the pipeline
-lab's checker (``utils.pipeline_checks``) runs the learner's op lists through the same
+lab's checker (``utils.checkers.pipeline_schedule``) runs the learner's op lists through the same
 ``run_stage``. The op lists come from ``utils.pipeline`` (``("F", mb)``, ``("B", mb)``).
 
 ``run_stage`` runs on rank s = stage s of p, and for each op:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from utils import compat  # all_gather_single / reduce_scatter_single on torch 2.11-2.13
-from utils.zero_checks import adam_update
+from utils.adam import adam_update
 
 
 def shard_bounds(numel: int, rank: int, world_size: int) -> tuple[int, int]:

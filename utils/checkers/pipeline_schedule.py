@@ -3,7 +3,7 @@
 Used by ``labs/06_pipeline_lab.ipynb``. The learner writes ``one_f_one_b(stage, stages,
 microbatches) -> list of ("F", mb) / ("B", mb)``, the ops stage ``stage`` runs, in order (see
 ``utils.pipeline`` for the conventions; notebook 06 derives them). Same conventions as
-``utils.grading``: a ``CheckResult`` on success, else ``LabCheckFailed`` with ``.mistake`` and
+``utils.checkers.common``: a ``CheckResult`` on success, else ``LabCheckFailed`` with ``.mistake`` and
 ``.hint``. The evidence, in the order it is checked:
 
 1. **form**: a list of ("F", int) / ("B", int) tuples, F and B of every micro-batch exactly once;
@@ -23,14 +23,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .grading import CheckResult, LabCheckFailed, launch_answer
-from .launch import rank_device
-from .pipeline import (PipelineDeadlock, bubble_fraction, idle_fraction, microbatch_size, peak_in_flight, simulate,
+from ..launch import rank_device
+from ..pipeline import (PipelineDeadlock, bubble_fraction, idle_fraction, microbatch_size, peak_in_flight, simulate,
                        split_layers)
-from .timeline import run_stage
+from ..timeline import run_stage
+from .common import GRAD_TOL, CheckResult, fail, launch_answer
 
 CASES = [(2, 4), (3, 5), (4, 8), (4, 2), (4, 1)]  # (stages p, micro-batches m): m > p, m = p + 2, m < p, m = 1
-GRAD_TOL = dict(rtol=1e-5, atol=1e-6)  # float32: the micro-batch gradients are summed in another order
 
 PIPELINE_HINTS = {
     "not_ops": "return a list of tuples ('F', mb) or ('B', mb), mb an int in range(microbatches).",
@@ -51,10 +50,6 @@ PIPELINE_HINTS = {
 }
 
 
-def _fail(mistake, what, world_size=None):
-    __tracebackhide__ = True
-    raise LabCheckFailed(mistake, what, PIPELINE_HINTS[mistake], world_size)
-
 
 def _orders(fn, p, m):
     """The learner's op lists for every stage, checked for form (not_ops / missing_ops)."""
@@ -66,12 +61,12 @@ def _orders(fn, p, m):
         if not isinstance(ops, list | tuple) or not all(
                 isinstance(op, tuple) and len(op) == 2 and op[0] in ("F", "B") and isinstance(op[1], int)
                 and not isinstance(op[1], bool) and 0 <= op[1] < m for op in ops):
-            _fail("not_ops", f"{label}; each must be ('F', mb) or ('B', mb) with 0 <= mb < {m}.")
+            fail(PIPELINE_HINTS, "not_ops", f"{label}; each must be ('F', mb) or ('B', mb) with 0 <= mb < {m}.")
         want = sorted([("B", k) for k in range(m)] + [("F", k) for k in range(m)])
         if sorted(ops) != want:
             missing = sorted(set(want) - set(ops))
             extra = sorted(op for op in set(ops) if list(ops).count(op) > 1)
-            _fail("missing_ops", f"{label}; missing {missing}, repeated {extra}.")
+            fail(PIPELINE_HINTS, "missing_ops", f"{label}; missing {missing}, repeated {extra}.")
         orders.append(list(ops))
     return orders
 
@@ -83,23 +78,23 @@ def _check_structure(orders, p, m):
         label = f"p={p}, m={m}, stage {s}: your ops are {ops}"
         for i, (kind, mb) in enumerate(ops):
             if kind == "B" and ("F", mb) not in ops[:i]:
-                _fail("backward_before_forward", f"{label}; ('B', {mb}) comes before ('F', {mb}).")
+                fail(PIPELINE_HINTS, "backward_before_forward", f"{label}; ('B', {mb}) comes before ('F', {mb}).")
         first_b = next(i for i, op in enumerate(ops) if op[0] == "B")
         if first_b == m and m > p - s:
-            _fail("gpipe", f"{label}; all {m} forwards run before the first backward, so stage {s} holds {m} "
+            fail(PIPELINE_HINTS, "gpipe", f"{label}; all {m} forwards run before the first backward, so stage {s} holds {m} "
                   f"micro-batches; 1F1B holds {p - s}.")
     try:
         timeline = simulate(orders)
     except PipelineDeadlock as err:
-        _fail("deadlock", f"p={p}, m={m}: {err} Your lists: {orders}")
+        fail(PIPELINE_HINTS, "deadlock", f"p={p}, m={m}: {err} Your lists: {orders}")
     held = [peak_in_flight(ops) for ops in orders]
     for s, h in enumerate(held):
         if h > min(p - s, m):
-            _fail("too_many_in_flight", f"p={p}, m={m}: stage {s} holds up to {h} micro-batches of activations at "
+            fail(PIPELINE_HINTS, "too_many_in_flight", f"p={p}, m={m}: stage {s} holds up to {h} micro-batches of activations at "
                   f"once; 1F1B holds min(p - s, m) = {min(p - s, m)}. Your ops: {orders[s]}")
     idle, formula = idle_fraction(timeline), bubble_fraction(p, m)
     if idle > formula + 1e-9:
-        _fail("bubble", f"p={p}, m={m}: with unit costs your schedule idles {idle:.1%} of the time, 1F1B "
+        fail(PIPELINE_HINTS, "bubble", f"p={p}, m={m}: with unit costs your schedule idles {idle:.1%} of the time, 1F1B "
               f"{formula:.1%}.")
     return f"p={p}, m={m}: deadlock-free, activations held per stage {held}, simulated bubble {idle:.1%} = " \
            f"(p-1)/(m+p-1)"
@@ -158,14 +153,14 @@ def check_one_f_one_b(fn, world_sizes=(2,), timeout=60):
         for name, ref in ref_grads.items():
             got = next(r[1][name] for r in ranks if name in r[1])
             if got is None or not torch.allclose(got, ref, **GRAD_TOL):
-                _fail("wrong_values", f"on {p} ranks, m={m}: the gradient of {name} differs from one process's "
+                fail(PIPELINE_HINTS, "wrong_values", f"on {p} ranks, m={m}: the gradient of {name} differs from one process's "
                       f"(max diff {(ref if got is None else got - ref).abs().max():.3g}).", p)
             diff = max(diff, (got - ref).abs().max().item())
         if not torch.allclose(loss, ref_loss, **GRAD_TOL):
-            _fail("wrong_values", f"on {p} ranks, m={m}: loss {loss.item():.6f}, one process {ref_loss.item():.6f}.", p)
+            fail(PIPELINE_HINTS, "wrong_values", f"on {p} ranks, m={m}: loss {loss.item():.6f}, one process {ref_loss.item():.6f}.", p)
         held = [r[2] for r in ranks]
         lines.append(f"run on {p} ranks, m={m}: loss {loss.item():.5f} = one process's, max gradient diff {diff:.1e}; "
                      f"measured activations held per stage {held} (<= p - s)")
         if any(h > p - s for s, h in enumerate(held)):
-            _fail("too_many_in_flight", f"on {p} ranks, m={m}: measured activations held per stage {held}.", p)
+            fail(PIPELINE_HINTS, "too_many_in_flight", f"on {p} ranks, m={m}: measured activations held per stage {held}.", p)
     return CheckResult("one_f_one_b", lines)

@@ -5,7 +5,7 @@ Used by ``labs/03_zero_lab.ipynb``, which derives what is checked here. The lear
 ``step(flat_param, flat_grad, state, lr) -> None``: ``flat_param`` (Ψ,) holds every trainable
 parameter (the same on all ranks, updated in place), ``flat_grad`` (Ψ,) this rank's local
 gradient, ``state`` a dict that persists between steps and holds *all* the optimizer state of
-this rank (filled by ``adam_update``). Same conventions as every lab (``utils.grading``): a ``CheckResult`` on
+this rank (filled by ``adam_update``). Same conventions as every lab (``utils.checkers.common``): a ``CheckResult`` on
 success (here ``ZeroCheckResult``, with the measured numbers in ``.measured``), else
 ``LabCheckFailed`` with ``.mistake`` and ``.hint``. Three kinds of evidence:
 
@@ -24,31 +24,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .checks import WEIGHT_TOL
-from .grading import CheckResult, LabCheckFailed, caught, close, first_error, launch_answer, raise_if_error
-from .datasets import digits
-from .launch import rank_device
-from .ledger import CommLedger
-from .models import ToyNet
+from ..adam import LR, adam_update
+from ..datasets import digits
+from ..launch import rank_device
+from ..ledger import CommLedger
+from ..models import ToyNet
+from .common import WEIGHT_TOL, CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error
 
-LR = 1e-2  # Adam's learning rate in every check
-
-
-def adam_update(param, grad, state, lr=LR, betas=(0.9, 0.999), eps=1e-8):
-    """One Adam step (Kingma & Ba, 2015) on the 1-D tensor ``param``, in place (a view works).
-
-    ``state`` is a dict, empty before the first call: Adam then adds ``exp_avg`` and ``exp_avg_sq``,
-    two float32 tensors the size of ``param`` (8 bytes per element: ZeRO's K), and a step count.
-    """
-    if not state:
-        state.update(step=0, exp_avg=torch.zeros_like(param), exp_avg_sq=torch.zeros_like(param))
-    state["step"] += 1
-    beta1, beta2 = betas
-    state["exp_avg"].mul_(beta1).add_(grad, alpha=1 - beta1)  # m: running mean of the gradient
-    state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)  # v: of its square
-    bias1, bias2 = 1 - beta1 ** state["step"], 1 - beta2 ** state["step"]
-    denom = (state["exp_avg_sq"] / bias2).sqrt_().add_(eps)
-    param.addcdiv_(state["exp_avg"], denom, value=-lr / bias1)
 
 
 def padded_bounds(numel, rank, world_size):
@@ -106,10 +88,6 @@ class ZeroCheckResult(CheckResult):
     measured: dict = dataclasses.field(default_factory=dict)
 
 
-def _fail(mistake, what, n=None):
-    __tracebackhide__ = True
-    raise LabCheckFailed(mistake, what, ZERO_HINTS[mistake], n)
-
 
 def check_shard_bounds(fn, world_sizes=range(1, 9)):
     """Check ``fn(numel, rank, world_size) -> (start, stop)`` against the padded layout, on sizes
@@ -121,22 +99,22 @@ def check_shard_bounds(fn, world_sizes=range(1, 9)):
             label = f"numel={numel:,}, world_size={n}: your bounds are {got if n <= 4 else got[:4] + ['...']}"
             if not all(isinstance(b, tuple | list) and len(b) == 2 and all(isinstance(v, int) for v in b)
                        for b in got):
-                _fail("not_ints", f"{label}; each must be a (start, stop) tuple of ints.", n)
+                fail(ZERO_HINTS, "not_ints", f"{label}; each must be a (start, stop) tuple of ints.", n)
             if any(a < 0 or b > numel or a > b for a, b in got):
-                _fail("out_of_range", f"{label}: a bound lies outside [0, {numel}] or start > stop.", n)
+                fail(ZERO_HINTS, "out_of_range", f"{label}: a bound lies outside [0, {numel}] or start > stop.", n)
             owners = torch.zeros(numel, dtype=torch.int64)
             for a, b in got:
                 owners[a:b] += 1
             if (owners == 0).any():
                 lost = (owners == 0).nonzero().flatten()
-                _fail("lost_elements", f"{label}: {lost.numel()} element(s) belong to no rank, e.g. index "
+                fail(ZERO_HINTS, "lost_elements", f"{label}: {lost.numel()} element(s) belong to no rank, e.g. index "
                       f"{lost[0].item()}.", n)
             if (owners > 1).any():
-                _fail("duplicated_elements", f"{label}: {(owners > 1).sum().item()} element(s) belong to two ranks.",
+                fail(ZERO_HINTS, "duplicated_elements", f"{label}: {(owners > 1).sum().item()} element(s) belong to two ranks.",
                       n)
             expected = [padded_bounds(numel, r, n) for r in range(n)]
             if [tuple(b) for b in got] != expected:
-                _fail("layout", f"{label}; the padded layout is {expected if n <= 4 else expected[:4] + ['...']}.", n)
+                fail(ZERO_HINTS, "layout", f"{label}; the padded layout is {expected if n <= 4 else expected[:4] + ['...']}.", n)
     size = -(-9_034 // 4)
     line = (f"world sizes {list(world_sizes)}: every element in exactly one shard, padded layout; e.g. Ψ=9,034 on 4 "
             f"ranks: shards of {size:,}, the last {9_034 - 3 * size:,}, {4 * size - 9_034} padding elements")
@@ -217,29 +195,29 @@ def _judge_values(case, ranks, n, label):
     rs = [r[case] for r in ranks]
     for rank, r in enumerate(rs):
         if r["state_step"] == 1 and len(r["records"]) > 1:
-            _fail("state_reset", f"{label}: after {len(r['records'])} steps rank {rank}'s state says step 1.", n)
+            fail(ZERO_HINTS, "state_reset", f"{label}: after {len(r['records'])} steps rank {rank}'s state says step 1.", n)
         mine, ref_m = r["exp_avg"], r["ref_exp_avg"]  # Adam's m: linear in the gradients it was given
         if n > 1 and mine is not None and mine.numel() >= ref_m.numel() > 0 and ref_m.abs().max() > 0 \
                 and close(mine[: ref_m.numel()], n * ref_m, WEIGHT_TOL):
-            _fail("not_divided", f"{label}: rank {rank}'s Adam exp_avg is {n} x DDP's (the summed gradient).", n)
+            fail(ZERO_HINTS, "not_divided", f"{label}: rank {rank}'s Adam exp_avg is {n} x DDP's (the summed gradient).", n)
     ref = rs[0]["ref"]
     diff = max((r["final"].double() - ref.double()).abs().max().item() for r in rs)
     if all(close(r["final"], ref, WEIGHT_TOL) for r in rs):
         return diff
     if all(r["state_bytes"] == 0 for r in rs):
-        _fail("state_reset", f"{label}: the parameters differ from DDP's by up to {diff:.3g}, and the `state` dict "
+        fail(ZERO_HINTS, "state_reset", f"{label}: the parameters differ from DDP's by up to {diff:.3g}, and the `state` dict "
               "you were given is still empty after the steps.", n)
     if any(not torch.equal(r["final"], rs[0]["final"]) for r in rs):
         ops = {op for r in rs for op, _, _ in r["records"][0]}
         gathered = "you call " + ", ".join(sorted(ops)) if ops else "you call no collective"
-        _fail("not_gathered", f"{label}: the replicas differ after the step ({gathered}); rank 1 differs from rank 0 "
+        fail(ZERO_HINTS, "not_gathered", f"{label}: the replicas differ after the step ({gathered}); rank 1 differs from rank 0 "
               f"at {(rs[1]['final'] != rs[0]['final']).sum().item()} elements.", n)
     final, initial = rs[0]["final"], rs[0]["initial"]
     bad = (~torch.isclose(final, ref, **WEIGHT_TOL)).nonzero().flatten()
     if torch.equal(final[bad], initial[bad]):
-        _fail("lost_elements", f"{label}: {bad.numel()} element(s) were never updated, first at index "
+        fail(ZERO_HINTS, "lost_elements", f"{label}: {bad.numel()} element(s) were never updated, first at index "
               f"{bad[0].item()} of {final.numel()}.", n)
-    _fail("wrong", f"{label}: flat_param differs from DDP's at {bad.numel()} of {final.numel()} elements, first at "
+    fail(ZERO_HINTS, "wrong", f"{label}: flat_param differs from DDP's at {bad.numel()} of {final.numel()} elements, first at "
           f"index {bad[0].item()}: got {final[bad[0]].item():.6g}, DDP {ref[bad[0]].item():.6g}.", n)
 
 
@@ -247,12 +225,12 @@ def _judge_memory(state, psi, n):
     """Adam keeps 8 bytes per element it updates: 8 x ceil(Ψ/n) at most on a rank that updates its shard."""
     __tracebackhide__ = True
     if n > 1 and state >= 8 * psi:
-        _fail("state_not_sharded", f"a rank holds {state:,} bytes of optimizer state, DDP's 8 x Ψ = {8 * psi:,}, "
+        fail(ZERO_HINTS, "state_not_sharded", f"a rank holds {state:,} bytes of optimizer state, DDP's 8 x Ψ = {8 * psi:,}, "
               f"not about 1/{n} of it ({8 * psi / n:,.0f}).", n)
     if state == 0:
-        _fail("state_hidden", "the `state` dict holds no tensor after the steps.", n)
+        fail(ZERO_HINTS, "state_hidden", "the `state` dict holds no tensor after the steps.", n)
     if state > 8 * -(-psi // n):
-        _fail("state_not_sharded", f"a rank holds {state:,} bytes of optimizer state, more than 8 bytes x its shard "
+        fail(ZERO_HINTS, "state_not_sharded", f"a rank holds {state:,} bytes of optimizer state, more than 8 bytes x its shard "
               f"of ceil(Ψ/n) = {-(-psi // n):,} elements.", n)
 
 
@@ -261,7 +239,7 @@ def _judge_bytes(stage, records, ranks, psi, n):
     __tracebackhide__ = True
     ops = sorted({op for op, _, _ in records})
     if stage == 2 and "all_reduce" in ops:
-        _fail("zero2_all_reduce", f"zero2_step calls {ops}.", n)
+        fail(ZERO_HINTS, "zero2_all_reduce", f"zero2_step calls {ops}.", n)
     wire = max(sum(w for _, _, w in r["model"]["records"][0]) for r in ranks)
     factor = 3 if stage == 1 else 2
     low = factor * (n - 1) / n * 4 * psi
@@ -269,7 +247,7 @@ def _judge_bytes(stage, records, ranks, psi, n):
     formula = f"{factor}(n-1)/n x 4Ψ = {low:,.0f}"
     if not low - 1e-6 <= wire <= high + 1e-6:
         breakdown = ", ".join(f"{op} {payload:,} B" for op, payload, _ in records)
-        _fail("bytes", f"a rank sent {wire:,.0f} bytes in one step ({breakdown or 'no collective'}); the formula is "
+        fail(ZERO_HINTS, "bytes", f"a rank sent {wire:,.0f} bytes in one step ({breakdown or 'no collective'}); the formula is "
               f"{formula} bytes (+ padding, up to {high:,.0f}).", n)
     return ops, wire, formula
 

@@ -1,7 +1,8 @@
 """How a lab grades an answer: run it on ranks, and turn what went wrong into a named mistake with a hint.
 
-Shared by the checker of every lab: ``utils.checks`` (labs 01-02), ``utils.zero_checks`` (lab 03),
-``utils.tp_checks`` (lab 05) and ``utils.pipeline_checks`` (lab 06). A checker returns a
+Shared by the checker of every lab, one module per lab in ``utils/checkers/``, named like the lab's
+reference solution in ``labs/solutions/``: ``ring_all_reduce`` (lab 01), ``ddp`` (lab 02), ``zero``
+(lab 03), ``tensor_parallel`` (lab 05) and ``pipeline_schedule`` (lab 06). A checker returns a
 ``CheckResult`` (print it: what was checked, what was measured) or raises ``LabCheckFailed``, an
 ``AssertionError`` whose ``.mistake`` names the classic mistake it recognised and whose ``.hint``
 says how to fix it. A stub that was never filled in raises its own ``NotImplementedError`` again,
@@ -19,9 +20,15 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from .launch import RankError, RankTimeoutError, run_ranks
+from ..launch import RankError, RankTimeoutError, run_ranks
 
 GENERIC_HINT = "your code must run on every rank without error; read the message."
+
+# One set of tolerances for every checker. float32 sums taken in another order (shard means, then over
+# ranks; micro-batch gradients summed in another order) differ by ~1e-8 (seen); a few optimizer steps
+# accumulate that to ~1e-7. A real mistake (a missing division, a lost micro-batch) is off by far more.
+GRAD_TOL = dict(rtol=1e-4, atol=1e-6)
+WEIGHT_TOL = dict(rtol=1e-4, atol=1e-5)
 
 
 class LabCheckFailed(AssertionError):
@@ -31,6 +38,12 @@ class LabCheckFailed(AssertionError):
         where = f" (world_size={world_size})" if world_size else ""
         super().__init__(f"Not yet{where}: {what}\nHint: {hint}")
         self.mistake, self.hint, self.world_size = mistake, hint, world_size
+
+
+def fail(hints, mistake, what, world_size=None):
+    """Reject an answer: raise ``LabCheckFailed`` for ``mistake``, with its hint from the lab's ``hints`` table."""
+    __tracebackhide__ = True
+    raise LabCheckFailed(mistake, what, hints[mistake], world_size)
 
 
 @dataclasses.dataclass

@@ -6,7 +6,7 @@ identity forward, all-reduce backward) and ``g`` (ReduceFromTensorParallelRegion
 forward, identity backward), and two modules built from a full ``nn.Linear``:
 ``ColumnParallelLinear(full, rank, world_size)`` (weight (out/t, in), bias (out/t,)) and
 ``RowParallelLinear(full, rank, world_size)`` (weight (out, in/t), bias (out,), added once).
-Same conventions as every lab (``utils.grading``): a ``CheckResult`` on success, else ``LabCheckFailed`` with
+Same conventions as every lab (``utils.checkers.common``): a ``CheckResult`` on success, else ``LabCheckFailed`` with
 ``.mistake`` and ``.hint``. Three kinds of evidence:
 
 - **values**: on small integer inputs the operators' outputs and gradients are exact, so a wrong
@@ -22,8 +22,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .grading import CheckResult, LabCheckFailed, caught, first_error, launch_answer, raise_if_error
-from .ledger import CommLedger
+from ..ledger import CommLedger
+from .common import CheckResult, caught, fail, first_error, launch_answer, raise_if_error
 
 TP_HINTS = {
     "f_g_swapped": "the all-reduce runs in the wrong direction: f (before a column-parallel layer) is identity in "
@@ -56,10 +56,6 @@ ERROR_PHRASES = [("shapes cannot be multiplied", "wrong_dimension"), ("size mism
 IN, HIDDEN, OUT, BATCH = 12, 120, 10, 6  # the checker's MLP: IN -> HIDDEN (column) -> OUT (row);
 # 120: whole, equal slices on 1-6 and 8 ranks
 
-
-def _fail(mistake, what, n=None):
-    __tracebackhide__ = True
-    raise LabCheckFailed(mistake, what, TP_HINTS[mistake], n)
 
 
 # ------------------------------------------------------------------------------------------------ f and g
@@ -95,7 +91,7 @@ def _judge_operator(name, r, own, total, own_grad, total_grad, n):
         return
     mistake = {("sum", "sum"): "all_reduce_both_ways", (want[1], want[0]): "f_g_swapped",
                ("own", "own"): "missing_backward_all_reduce" if name == "f" else "missing_forward_all_reduce"}
-    _fail(mistake.get((y, grad), "wrong"), f"{told} (own = this rank's, sum = summed over ranks: {y}, {grad}); "
+    fail(TP_HINTS, mistake.get((y, grad), "wrong"), f"{told} (own = this rank's, sum = summed over ranks: {y}, {grad}); "
                                            f"expected {want[0]}, {want[1]}.", n)
 
 
@@ -117,7 +113,7 @@ def check_operators(f, g, world_sizes=(2, 4), timeout=30.0):
                 _judge_operator(name, r[name], (rank + 1) * base, total * base, 10 * (rank + 1) * base,
                                 10 * total * base, n)
                 if r[name]["changed"]:
-                    _fail("in_place", f"{name} changed the tensor it was given on rank {rank}.", n)
+                    fail(TP_HINTS, "in_place", f"{name} changed the tensor it was given on rank {rank}.", n)
         lines.append(f"world_size={n}: f = identity forward, summed gradient; g = summed forward, identity "
                      f"backward; exact on every rank, inputs untouched")
     return CheckResult("f and g", lines)
@@ -175,9 +171,9 @@ def _judge_shapes(shapes, n):
     if shapes == want:
         return
     if shapes[0] == (HIDDEN, IN // n) or shapes[2] == (OUT // n, HIDDEN) or shapes[2] == (-(-OUT // n), HIDDEN):
-        _fail("wrong_dimension", f"column weight {shapes[0]}, row weight {shapes[2]}; for nn.Linear({IN}, {HIDDEN}) "
+        fail(TP_HINTS, "wrong_dimension", f"column weight {shapes[0]}, row weight {shapes[2]}; for nn.Linear({IN}, {HIDDEN}) "
                                  f"and nn.Linear({HIDDEN}, {OUT}) on {n} ranks expected {want[0]} and {want[2]}.", n)
-    _fail("shape", f"(column weight, column bias, row weight, row bias) shapes {shapes}, expected {want}.", n)
+    fail(TP_HINTS, "shape", f"(column weight, column bias, row weight, row bias) shapes {shapes}, expected {want}.", n)
 
 
 def _judge_collectives(ops, n):
@@ -187,14 +183,14 @@ def _judge_collectives(ops, n):
     col_fwd, row_fwd, bwd = ops["column forward"], ops["row forward"], ops["backward"]
     said = f"all-reduces seen (op, bytes): {ops}"
     if col_fwd or (y_bytes in [b for _, b in bwd] and not row_fwd):
-        _fail("f_g_swapped", f"the column layer all-reduces in forward or the row layer in backward; {said}.", n)
+        fail(TP_HINTS, "f_g_swapped", f"the column layer all-reduces in forward or the row layer in backward; {said}.", n)
     if ("all_reduce", y_bytes) in bwd:
-        _fail("all_reduce_both_ways", f"the row layer's output gradient was all-reduced in backward; {said}.", n)
+        fail(TP_HINTS, "all_reduce_both_ways", f"the row layer's output gradient was all-reduced in backward; {said}.", n)
     if row_fwd != [("all_reduce", y_bytes)]:
-        _fail("missing_forward_all_reduce", f"expected one all-reduce of the ({BATCH}, {OUT}) output in the row "
+        fail(TP_HINTS, "missing_forward_all_reduce", f"expected one all-reduce of the ({BATCH}, {OUT}) output in the row "
                                             f"layer's forward; {said}.", n)
     if bwd != [("all_reduce", x_bytes)]:
-        _fail("missing_backward_all_reduce", f"expected one all-reduce of the ({BATCH}, {IN}) input gradient in "
+        fail(TP_HINTS, "missing_backward_all_reduce", f"expected one all-reduce of the ({BATCH}, {IN}) input gradient in "
                                              f"backward; {said}.", n)
 
 
@@ -221,16 +217,16 @@ def check_parallel_linear(column_cls, row_cls, world_sizes=(2, 4), timeout=30.0)
         for rank, r in enumerate(ranks):
             y, y_ref = r["pairs"]["output"]
             if torch.allclose(y, y_ref + (n - 1) * r["bias"], rtol=1e-5, atol=1e-5):
-                _fail("bias_every_rank", f"rank {rank}'s output = the full layer's + {n - 1} x the bias.", n)
+                fail(TP_HINTS, "bias_every_rank", f"rank {rank}'s output = the full layer's + {n - 1} x the bias.", n)
             for name, (got, want) in r["pairs"].items():
                 if got is None or got.shape != want.shape or not torch.allclose(got, want, rtol=1e-5, atol=1e-5):
                     diff = "missing" if got is None else (f"shape {tuple(got.shape)}" if got.shape != want.shape
                                                           else f"max |diff| {(got - want).abs().max():.2e}")
-                    _fail("wrong", f"rank {rank}: {name} differs from the full layers' ({diff}).", n)
+                    fail(TP_HINTS, "wrong", f"rank {rank}: {name} differs from the full layers' ({diff}).", n)
                 worst = max(worst, (got - want).abs().max().item())
         for name, refused in first["refused"].items():
             if refused is None or not refused.startswith("ValueError") or str(n + 1) not in refused:
-                _fail("no_divisibility_check", f"{name} built from a layer of {n + 1} features on {n} ranks "
+                fail(TP_HINTS, "no_divisibility_check", f"{name} built from a layer of {n + 1} features on {n} ranks "
                                                f"{'raised ' + refused if refused else 'did not complain'}.", n)
         lines.append(f"world_size={n}: output, input gradient and 4 parameter gradients equal to nn.Linear's (max "
                      f"|diff| {worst:.1e}); all-reduces: 1 forward ({BATCH}x{OUT}), 1 backward ({BATCH}x{IN}); "
