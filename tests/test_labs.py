@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from lab_grading import expect_rejection
 from notebook_runner import ROOT
 from utils.checkers.ddp import check_ddp
 from utils.checkers.ring_all_reduce import check_ring_all_reduce
-from utils.checkers.common import LabCheckFailed
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
 from solutions.ddp import average_gradients, broadcast_parameters  # noqa: E402
@@ -99,16 +99,11 @@ def test_ring_reference_passes():
     (ring_calling_all_reduce, (2,), "used_collective", "point-to-point"),
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_ring_rejects(wrong, world_sizes, mistake, phrase):
-    with pytest.raises(LabCheckFailed) as failure:
-        check_ring_all_reduce(wrong, world_sizes=world_sizes)
-    assert failure.value.mistake == mistake, str(failure.value)
-    assert phrase in str(failure.value)
+    expect_rejection(check_ring_all_reduce, wrong, world_sizes=world_sizes, mistake=mistake, phrase=phrase)
 
 
 def test_ring_rejects_deadlock():
-    with pytest.raises(LabCheckFailed) as failure:
-        check_ring_all_reduce(ring_blocking_send, world_sizes=(2,), timeout=5)
-    assert failure.value.mistake == "deadlock" and "waits for the matching recv" in str(failure.value)
+    expect_rejection(check_ring_all_reduce, ring_blocking_send, world_sizes=(2,), timeout=5, mistake="deadlock", phrase="waits for the matching recv")
 
 
 def test_ring_stub_raises_its_own_error():
@@ -176,7 +171,4 @@ def test_ddp_reference_passes():
     (broadcast_trainable_only, average_gradients, "frozen_not_broadcast", "trainable or not"),
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_ddp_rejects(broadcast, average, mistake, phrase):
-    with pytest.raises(LabCheckFailed) as failure:
-        check_ddp(broadcast, average, world_sizes=(2,), steps=2)
-    assert failure.value.mistake == mistake, str(failure.value)
-    assert phrase in str(failure.value)
+    expect_rejection(check_ddp, broadcast, average, world_sizes=(2,), steps=2, mistake=mistake, phrase=phrase)
