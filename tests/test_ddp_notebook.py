@@ -1,40 +1,71 @@
-"""utils.ddp_notebook: Lightning's forked ranks get one thread, and the kernel gets its settings back."""
+"""utils.ddp_notebook: Lightning's ``ddp_notebook`` ranks forked from a fresh process, never from the caller,
+and what ``ddp_notebook`` hands back to its caller copied into the caller's trainer and model."""
 
+import json
 import os
+import tempfile
+from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 from utils.ddp_notebook import fit_on_forked_ranks
 
 
-class FakeTrainer:
-    def fit(self, model):
-        self.seen = (torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"), model)
-        return "fitted"
+class Tiny(L.LightningModule):
+    def __init__(self, out_dir):
+        super().__init__()
+        self.net, self.out_dir, self.losses = torch.nn.Linear(4, 1), out_dir, []
+
+    def training_step(self, batch, _):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        self.losses.append(loss.item())
+        self.log("loss", loss)
+        return loss
+
+    def on_train_end(self):  # each rank says who forked it and how many threads it had
+        info = dict(pid=os.getpid(), ppid=os.getppid(), threads=torch.get_num_threads(), losses=self.losses)
+        Path(self.out_dir, f"rank{self.global_rank}.json").write_text(json.dumps(info))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(16, 4, generator=g)
+        return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)
 
 
-@pytest.mark.parametrize("omp", [None, "3"])
-def test_fit_runs_on_one_thread_and_restores_the_kernels_settings(monkeypatch, omp):
-    if omp is None:
-        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    else:
-        monkeypatch.setenv("OMP_NUM_THREADS", omp)
-    before = torch.get_num_threads()
-    trainer = FakeTrainer()
-    assert fit_on_forked_ranks(trainer, "model") == "fitted"
-    assert trainer.seen == (1, "1", "model")
-    assert torch.get_num_threads() == before and os.environ.get("OMP_NUM_THREADS") == omp
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_ranks_fork_from_a_fresh_process_and_results_come_back(world_size):
+    torch.nn.Linear(8, 8)(torch.randn(64, 8)).sum().backward()  # the kernel has run backward (breaks forks on a GPU box)
+    out_dir = tempfile.mkdtemp()
+    model = Tiny(out_dir)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = L.Trainer(accelerator="cpu", devices=world_size, strategy="ddp_notebook", max_steps=3, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    threads = torch.get_num_threads()
+    assert fit_on_forked_ranks(trainer, model) is None  # as trainer.fit
+    ranks = [json.loads(p.read_text()) for p in sorted(Path(out_dir).glob("rank*.json"))]
+    assert len(ranks) == world_size
+    assert all(r["ppid"] != os.getpid() for r in ranks), "a rank was forked from the caller itself"
+    assert all(r["threads"] == 1 for r in ranks)
+    assert torch.get_num_threads() == threads  # the caller's own setting untouched
+    assert not torch.equal(model.net.weight, before["net.weight"]), "rank 0's final weights came back"
+    assert trainer.state.finished and "loss" in trainer.callback_metrics
+    assert trainer.callback_metrics["loss"].item() == pytest.approx(ranks[0]["losses"][-1], rel=1e-5)
+    assert model.losses == []  # the caller's module never trained: only what ddp_notebook returns came back
 
 
-def test_settings_come_back_when_fit_raises(monkeypatch):
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    before = torch.get_num_threads()
-
-    class Broken:
-        def fit(self, model):
+def test_a_failing_fit_raises_in_the_caller():
+    class Broken(Tiny):
+        def training_step(self, batch, _):
             raise RuntimeError("a rank failed")
 
-    with pytest.raises(RuntimeError, match="a rank failed"):
-        fit_on_forked_ranks(Broken(), None)
-    assert torch.get_num_threads() == before and "OMP_NUM_THREADS" not in os.environ
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_notebook", max_steps=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    with pytest.raises(Exception, match="a rank failed"):
+        fit_on_forked_ranks(trainer, Broken(tempfile.mkdtemp()))

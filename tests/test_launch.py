@@ -13,14 +13,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from utils import RankError, RankTimeoutError, run_ranks
+from utils import RankError, RankTimeoutError, rank_device, run_ranks
 from utils.launch import plan_launch, rank_server
 
 pytestmark = pytest.mark.usefixtures("no_children_left")
 
 
 def rank_and_sum(offset=0, *, scale=1):
-    t = torch.tensor([float(dist.get_rank())])
+    t = torch.tensor([float(dist.get_rank())], device=rank_device())  # a CUDA tensor under NCCL (one GPU: size 1)
     dist.all_reduce(t)
     return dist.get_rank(), dist.get_world_size(), t.item() * scale + offset
 
@@ -30,7 +30,8 @@ def test_returns_one_value_per_rank_in_rank_order(world_size, capsys):
     results = run_ranks(rank_and_sum, 10, world_size=world_size, scale=2)
     total = world_size * (world_size - 1) / 2
     assert results == [(r, world_size, total * 2 + 10) for r in range(world_size)]
-    assert "gloo on CPU" in capsys.readouterr().out  # the backend and device are said out loud
+    said = capsys.readouterr().out
+    assert "gloo on CPU" in said or "nccl on GPU" in said  # the backend and device are said out loud
 
 
 def test_output_of_each_rank_is_prefixed(capsys):
