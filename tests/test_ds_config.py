@@ -1,4 +1,4 @@
-"""The DeepSpeed config checker (utils/ds_config.py, notebook 07): the seed article's config, hidden
+"""The DeepSpeed config checker (utils/ds_config.py, notebook 07): the config a popular DeepSpeed tutorial gives, hidden
 misspellings at every level, a clean config, duplicates in a JSON file, contradictions."""
 
 import json
@@ -10,7 +10,7 @@ pytest.importorskip("deepspeed")
 from utils.ds_config import Finding, check_config, deepspeed_schema, load_config, report
 
 # The second config of the DeepSpeed tutorial that lesson 07 quotes, copied as written.
-ARTICLE_CONFIG = """
+TUTORIAL_CONFIG = """
 hparams = Hparams(
 zero_optimization={
 "stage": 3,
@@ -112,8 +112,8 @@ def test_hidden_misspelling_at_every_level(config, path, key, suggestion):
     assert suggestion in found[0].suggestion
 
 
-def test_article_config_lists_each_problem():
-    got = kinds(check_config(ARTICLE_CONFIG, world_size=2))
+def test_tutorial_config_lists_each_problem():
+    got = kinds(check_config(TUTORIAL_CONFIG, world_size=2))
     z = "zero_optimization"
     assert got[(z, "cpu_offload")] == "deprecated"
     assert got[(z, "pin_memory")] == "misplaced" and got[(z, "partition_activations")] == "misplaced"

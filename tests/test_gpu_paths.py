@@ -9,6 +9,7 @@ Two failures seen on a 1-GPU machine (issue 12), each faked here at the point wh
 """
 
 import importlib.util
+import os
 
 import pytest
 import torch
@@ -70,6 +71,40 @@ def test_avoid_op_builds_names_a_missing_op(accelerator_and_ops):
     accelerator_and_ops(CpuLikeAccelerator(), dict(CUDA_LIKE_OPS))
     with pytest.raises(RuntimeError, match=r"cpu accelerator would build .deepspeed_shm_comm.* update utils/"):
         deepspeed_cpu.avoid_op_builds()
+
+
+def test_deepspeed_sent_to_a_rank_avoids_the_shm_op_there(accelerator_and_ops, tmp_path):
+    """The ``deepspeed`` of import_deepspeed travels to a rank by calling avoid_op_builds on arrival."""
+    import cloudpickle
+
+    table = accelerator_and_ops(CpuLikeAccelerator(), {**CUDA_LIKE_OPS, deepspeed_cpu.SHM_OP: True})
+    kernel_side = deepspeed_cpu.DeepSpeedForRanks(deepspeed, str(tmp_path))
+    assert kernel_side.initialize is deepspeed.initialize and table[deepspeed_cpu.SHM_OP] is True  # nothing yet
+    old = os.environ.get("TORCH_EXTENSIONS_DIR")
+    try:
+        rank_fn = cloudpickle.loads(cloudpickle.dumps(lambda: kernel_side.__version__))  # what run_ranks does
+        assert rank_fn() == deepspeed.__version__
+        assert table[deepspeed_cpu.SHM_OP] is False and os.environ["TORCH_EXTENSIONS_DIR"] == str(tmp_path)
+    finally:
+        os.environ.pop("TORCH_EXTENSIONS_DIR") if old is None else os.environ.update(TORCH_EXTENSIONS_DIR=old)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_import_deepspeed_picks_the_ranks_accelerator(monkeypatch, device):
+    """On a GPU machine (the ranks get NCCL and GPUs) DeepSpeed must use its CUDA accelerator, else its CPU one."""
+    import types
+
+    import utils.launch
+
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "unchanged")  # restored after the test
+    monkeypatch.setattr(utils.launch, "plan_launch", lambda world_size: types.SimpleNamespace(device=device))
+    ds, folder = deepspeed_cpu.import_deepspeed(2, warm=False)
+    assert os.environ["DS_ACCELERATOR"] == device and os.environ["TORCH_EXTENSIONS_DIR"] == folder
+    assert deepspeed_cpu.built_ops(folder) == [] and ds.__version__ == deepspeed.__version__
+    os.rmdir(folder)
+    with pytest.raises(ValueError, match="world_size=0"):
+        deepspeed_cpu.import_deepspeed(0)
 
 
 def _lightning_script():

@@ -1,10 +1,13 @@
-"""DeepSpeed on CPU ranks (and on GPUs) without waiting for a C++ compiler.
+"""DeepSpeed on CPU ranks (and on GPUs) without waiting for a C++ compiler: one call in the kernel.
 
-Derived in notebook 03 (sharded data parallelism, the DeepSpeed part) and used by notebook 07
-(DeepSpeed in practice). DeepSpeed compiles some of its C++ ops *the first time they are used*
-(a JIT build with ninja into ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``):
-on a fresh 2-core machine ``deepspeed_shm_comm`` takes over two minutes, ``fused_adam`` about
-150 s and ``cpu_adam`` about 80 s. Training needs none of them:
+Derived in notebook 07 (DeepSpeed), whose first DeepSpeed cell is
+``deepspeed, ext_dir = import_deepspeed(WORLD_SIZE)``; the script ``notebooks/scripts/07_deepspeed_train.py``
+calls ``avoid_op_builds()`` itself. Why any of this is needed:
+
+DeepSpeed compiles some of its C++ ops *the first time they are used* (a JIT build with ninja into
+``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``): on a fresh 2-core machine
+``deepspeed_shm_comm`` takes over two minutes, ``fused_adam`` about 150 s and ``cpu_adam`` about
+80 s. Training needs none of them:
 
 - ``deepspeed.initialize`` builds ``deepspeed_shm_comm`` when it creates its communication backend
   on CPU, though the op only serves *inference* all-reduces. ``avoid_op_builds()`` marks it
@@ -22,16 +25,24 @@ stack lazily (torch._dynamo when the first torch optimizer is built, and DeepSpe
 optimizer, which calls ``torch.compile`` at import): measured 8-15 s *per rank* on 2 cores, paid
 again by every launch, because a rank's imports die with it. Importing them once in the kernel
 makes the launcher's rank server import them too (``utils/launch/kernel.py``, ``HEAVY_MODULES``),
-so every rank it forks afterwards starts with them: a launch then takes about a second.
+so every rank it forks afterwards starts with them: a launch then takes about a second. After
+importing, the kernel calls ``gc.freeze()``, as the rank server does: the ~400k objects of torch and
+DeepSpeed leave the garbage collector's sight, so a ``gc.collect()`` (DeepSpeed calls it; so does
+``utils.memory.live_tensor_bytes``) walks only what the lesson created.
 
-``import_deepspeed(world_size)`` (in the kernel, before any rank starts) picks DeepSpeed's
-accelerator the way ``run_ranks`` picks the device, imports DeepSpeed and the modules
-``deepspeed.initialize`` would import in every rank, quiets its per-rank INFO lines and points
-``TORCH_EXTENSIONS_DIR`` at a fresh, empty folder that the ranks inherit with the kernel's environment;
-``avoid_op_builds()`` goes at the top of every rank function that calls ``deepspeed.initialize``;
-``built_ops(folder)`` lists what was compiled anyway (a lesson asserts it is empty).
+``import_deepspeed(world_size)`` does all of that in the kernel, before any rank starts: it picks
+DeepSpeed's accelerator the way ``run_ranks`` picks the device (``"cuda"`` when the ranks get GPUs,
+else ``"cpu"``), imports DeepSpeed and the modules ``deepspeed.initialize`` would import in every
+rank, freezes the garbage collector, quiets DeepSpeed's per-rank INFO lines and points
+``TORCH_EXTENSIONS_DIR`` at a fresh, empty folder that the ranks inherit with the kernel's
+environment. The ``deepspeed`` it returns is the module itself, seen through a thin stand-in
+(``DeepSpeedForRanks``) with one extra behaviour: when a rank function that uses it is sent to the
+ranks (by value, with cloudpickle), the stand-in arrives by calling ``avoid_op_builds()`` in the
+rank, so no lesson cell has to. ``built_ops(folder)`` lists what was compiled anyway (the lesson
+asserts it is empty).
 """
 
+import gc
 import logging
 import os
 import tempfile
@@ -47,16 +58,51 @@ WARM_MODULES = (  # imported lazily by deepspeed.initialize / the pipeline engin
 )
 
 
+class DeepSpeedForRanks:
+    """The ``deepspeed`` module, plus one thing: arriving in a rank switches off the shm op there.
+
+    Every attribute is the module's own (``deepspeed.initialize`` is DeepSpeed's function). Only
+    pickling differs: a rank function that names ``deepspeed`` carries this object, which unpickles
+    by calling ``_deepspeed_in_rank(folder)``, i.e. ``avoid_op_builds(folder)`` before the function runs.
+    """
+
+    def __init__(self, module, folder):
+        self._module, self._folder = module, folder
+
+    def __getattr__(self, name):  # only called for names this object lacks: everything of DeepSpeed's
+        return getattr(self._module, name)
+
+    def __dir__(self):
+        return dir(self._module)
+
+    def __repr__(self):
+        return f"<deepspeed {self._module.__version__} for ranks: no shm op built, extensions in {self._folder}>"
+
+    def __reduce__(self):  # how it travels to a rank
+        return _deepspeed_in_rank, (self._folder,)
+
+
+def _deepspeed_in_rank(folder):
+    """Runs in the rank, while its function is being unpickled: the rank's ``deepspeed``, ops avoided."""
+    import deepspeed
+
+    avoid_op_builds(folder)
+    return DeepSpeedForRanks(deepspeed, folder)
+
+
 def import_deepspeed(world_size, quiet=True, warm=True):
-    """In the kernel: import DeepSpeed for ranks like ``run_ranks(world_size=...)``; returns (deepspeed, folder).
+    """In the kernel: DeepSpeed set up for ``run_ranks(world_size=...)``; returns (deepspeed, folder).
 
     ``DS_ACCELERATOR`` must be set before the import, and is only set if you have not set it.
     ``warm``: also import ``WARM_MODULES`` here, once, instead of in every rank of every launch.
+    ``folder``: the empty extensions folder every rank compiles into (``built_ops(folder)`` checks it).
     """
     import importlib
 
     from .launch import plan_launch
 
+    if world_size < 1:
+        raise ValueError(f"world_size={world_size}: DeepSpeed needs at least 1 rank; pass the WORLD_SIZE of run_ranks")
     os.environ.setdefault("DS_ACCELERATOR", plan_launch(world_size).device)  # "cpu" (gloo) or "cuda" (NCCL)
     import deepspeed
 
@@ -65,12 +111,13 @@ def import_deepspeed(world_size, quiet=True, warm=True):
             importlib.import_module(name)
         except ImportError:  # moved in another DeepSpeed version: only the warm-up is lost, ranks import it
             pass
+    gc.freeze()  # torch's and DeepSpeed's objects: never collected, so gc.collect() walks only ours
 
-    if quiet:  # its INFO lines print the whole config, once per rank
-        logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    if quiet:  # its INFO lines print the whole config, once per rank; "untested optimizer": a torch one, on purpose
+        logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
     folder = tempfile.mkdtemp(prefix="ds_torch_extensions_")  # EMPTY: any op DeepSpeed compiles lands here
     os.environ["TORCH_EXTENSIONS_DIR"] = folder  # each rank gets the kernel's environment of the moment
-    return deepspeed, folder
+    return DeepSpeedForRanks(deepspeed, folder), folder
 
 
 def avoid_op_builds(folder=None, quiet=True):

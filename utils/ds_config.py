@@ -15,7 +15,7 @@ checker stays right when DeepSpeed adds or renames keys. Each key of your config
   pipeline with ZeRO-2/3, batch sizes that do not multiply up).
 
 ``check_config(config, world_size=None)`` takes a dict, a path to a JSON file, or JSON / Python
-source text (a dict literal or a call such as the seed article's ``Hparams(zero_optimization={...})``;
+source text (a dict literal or a call such as ``Hparams(zero_optimization={...})`` from a popular DeepSpeed tutorial;
 JSON files and source text keep duplicated keys, which a Python dict has already collapsed) and
 returns a list of ``Finding`` (path, key, kind, message, suggestion); ``report(findings)`` prints them.
 """

@@ -1,7 +1,7 @@
 """A memory ledger: how many bytes does this rank hold, and in what?
 
-Derived in notebook 03 (sharded data parallelism), where each ZeRO stage's per-rank bytes are put
-beside the paper's formulas. Two measurements that work for *any* library, ours or FSDP2 or
+Derived in notebook 03 (ZeRO from scratch), where each ZeRO stage's per-rank bytes are put
+beside the paper's formulas; used again by notebooks 04 (FSDP2) and 07 (DeepSpeed). Two measurements that work for *any* library, ours or FSDP2 or
 DeepSpeed, because they look at what the process actually holds rather than at one API:
 
 - ``live_tensor_bytes()``: the bytes of every tensor alive in this process, found through Python's
@@ -83,16 +83,19 @@ def zero_bytes_per_rank(num_params, world_size, stage, param_bytes=2, grad_bytes
 
     ``stage`` 0 is plain data parallelism (everything replicated); stage 1 (P_os) shards the
     optimizer state over the ``world_size`` ranks, stage 2 (P_os+g) also the gradients, stage 3
-    (P_os+g+p) also the parameters. With the paper's mixed-precision Adam (2, 2, 12), Psi numbers:
+    (P_os+g+p) also the parameters. ``num_params`` is Psi, the number of trainable parameters (a count
+    of values, not bytes). With the paper's mixed-precision Adam (2, 2, 12 bytes per parameter):
 
         stage 0: 16 Psi      stage 1: 4 Psi + 12 Psi/N      stage 2: 2 Psi + 14 Psi/N      stage 3: 16 Psi/N
 
     Model states only: activations, temporary buffers and fragmentation come on top. Returns a dict
-    of floats (bytes) with keys params, grads, optim, total. DeepSpeed's own estimator
-    (``estimate_zero2_model_states_mem_needs``) says 4 Psi + 16 Psi/N for stage 2: see notebook 03.
+    of floats (bytes) with keys params, grads, optim, total. DeepSpeed's own estimators budget more
+    (for stage 2, 2 Psi + 18 Psi/N bytes: a transient fp32 gradient slice too); notebook 07 calls them.
     """
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"ZeRO stage must be 0 (plain DP), 1, 2 or 3, not {stage!r}")
+    if world_size < 1:
+        raise ValueError(f"world_size={world_size}: the model states are sharded over at least 1 rank")
     n = world_size
     out = {
         "params": param_bytes * num_params / (n if stage >= 3 else 1),
