@@ -70,14 +70,15 @@ ZERO_HINTS = {
                    "SGD would not.",
     "wrong_grads": "chunk r of the padded bucket belongs to rank r: flatten the bucket's gradients in the bucket's "
                    "order, pad with zeros to chunk * n, reduce-scatter into `chunk` numbers.",
-    "unequal_pieces": "reduce_scatter_single / all_gather_single need n equal pieces: pad each bucket's flat vector with "
-                      "zeros to chunk * n numbers (chunk = ceil(numel / n)), even on a rank whose chunk is all padding.",
+    "unequal_pieces": "reduce_scatter_single / all_gather_single need n equal pieces: pad each bucket's flat vector "
+                      "with zeros to chunk * n numbers (chunk = ceil(numel / n)), even on a rank whose chunk is all "
+                      "padding.",
     "deadlock": "some rank skips a collective that the others call: every rank must reduce-scatter and all-gather "
                 "every bucket, in the same order.",
     "not_gathered": "after the update each rank holds new values only in its own chunks: all-gather every bucket's "
                     "updated chunks and copy them into the parameters, so every replica is whole and the same.",
-    "state_not_sharded": "call adam_update on this rank's chunk of each bucket only (its slice of the flat parameters), "
-                         "so the state is 8 bytes x about Ψ/n numbers per rank, not DDP's 8Ψ.",
+    "state_not_sharded": "call adam_update on this rank's chunk of each bucket only (its slice of the flat "
+                         "parameters), so the state is 8 bytes x about Ψ/n numbers per rank, not DDP's 8Ψ.",
     "state_hidden": "keep Adam's state in self.states[i] (adam_update(..., self.states[i], ...)): it survives between "
                     "steps there, and the checker counts it there.",
     "state_reset": "pass the same self.states[i] to adam_update every step: a new (or emptied) dict each step "
@@ -225,15 +226,17 @@ def _judge_comm(case, buckets, chunks, n, label):
         fail(ZERO_HINTS, "bucket_size", f"{label}: during backward you reduce-scattered {[p for _, p in during]} "
              f"bytes; the {len(buckets)} buckets of make_buckets are {want} bytes, padded to chunk * n numbers.", n)
     if len(during) != cut:
-        fail(ZERO_HINTS, "bytes", f"{label}: during backward you also called {[o for o in ops[:cut] if o not in REDUCE_SCATTER]}.", n)
+        others = [op for op in ops[:cut] if op not in REDUCE_SCATTER]
+        fail(ZERO_HINTS, "bytes", f"{label}: during backward you also called {others}.", n)
     arrival = {i: k for k, (i, _, _) in enumerate(step["events"])}  # parameter index -> its place in backward
     counts = [c for _, c, _ in step["events"]]
     for b, ((j, _), bucket) in enumerate(zip(during, buckets)):
-        issued_after = max(k for k, c in enumerate(counts) if c <= j)  # the last gradient seen before the call
+        issued_after = max((k for k, c in enumerate(counts) if c <= j), default=-1)  # last gradient before it
         due = max(arrival[i] for i in bucket)  # the bucket's last gradient
         if issued_after != due:
             fail(ZERO_HINTS, "late", f"{label}: bucket {b} ({[PARAM_NAMES[i] for i in bucket]}) was complete after "
-                 f"gradient {due + 1} of {len(counts)}, but its reduce-scatter came after gradient {issued_after + 1}.", n)
+                 f"gradient {due + 1} of {len(counts)}, but its reduce-scatter came after gradient "
+                 f"{issued_after + 1}.", n)
     gathered = sum(p for op, p, _ in records[cut:] if op in ALL_GATHER)
     if not gathered:
         fail(ZERO_HINTS, "not_gathered", f"{label}: after backward you called {ops[cut:] or 'no collective'}: the "
@@ -300,8 +303,8 @@ def _judge_values(ranks, bucket_numel, buckets, chunks, n, lr, label):
              f"them by {moved.median().item():.3g} (median).", n)
     if not close(case["final"], case["ref"], WEIGHT_TOL):
         bad = (~torch.isclose(case["final"], case["ref"], **WEIGHT_TOL)).nonzero().flatten()
-        fail(ZERO_HINTS, "wrong", f"{label}: the parameters differ from DDP's at {bad.numel()} of {case['final'].numel()} numbers, "
-             f"first at index {bad[0].item()}.", n)
+        fail(ZERO_HINTS, "wrong", f"{label}: the parameters differ from DDP's at {bad.numel()} of "
+             f"{case['final'].numel()} numbers, first at index {bad[0].item()}.", n)
     return max((c["final"] - c["ref"]).abs().max().item() for c in cases)
 
 
@@ -309,7 +312,7 @@ def _timeline(case, buckets):
     step = case["steps"][0]
     calls = {}
     for j, (op, payload, _) in enumerate(step["records"][: step["after_backward"]]):
-        k = max(k for k, (_, c, _) in enumerate(step["events"]) if c <= j)
+        k = max((k for k, (_, c, _) in enumerate(step["events"]) if c <= j), default=0)
         calls.setdefault(k, []).append(f"{op} {payload:,} B")
     lines = []
     for k, (i, _, live) in enumerate(step["events"]):
@@ -352,17 +355,17 @@ def check_bucketed_zero2(cls, make_buckets, world_sizes=(2, 3), bucket_numels=(1
                 _judge_comm(r[bucket_numel], buckets, chunks, n, label)
                 _judge_memory(r[bucket_numel], buckets, chunks, n, label)
             diff = _judge_values(ranks, bucket_numel, buckets, chunks, n, lr, label)
-            step = case["steps"][0]
             m = {"psi": sum(sizes), "buckets": [sum(sizes[i] for i in b) for b in buckets],
                  "reduce_scatters": len(buckets),
                  "peak_grad_bytes": max(e[2] for r in ranks for e in r[bucket_numel]["steps"][0]["events"]),
-                 "grad_shard_bytes": 4 * sum(chunks), "state_bytes": max(r[bucket_numel]["state_bytes"] for r in ranks),
+                 "grad_shard_bytes": sum(g.nbytes for g in case["steps"][0]["shards"]),
+                 "state_bytes": max(r[bucket_numel]["state_bytes"] for r in ranks),
                  "wire_bytes": max(sum(w for _, _, w in r[bucket_numel]["steps"][0]["records"]) for r in ranks),
                  "max_diff": diff}
             measured[n, bucket_numel] = m
             timeline = timeline or f"rank 0, world_size={n}, {label}, first step:\n" + _timeline(case, buckets)
-            lines.append(f"world_size={n}, {label}: {len(buckets)} reduce-scatters during backward, each right after its "
-                         f"bucket's last gradient; full gradients alive at most {m['peak_grad_bytes']:,} B (DDP: 4Ψ = "
-                         f"{4 * m['psi']:,}); Adam state {m['state_bytes']:,} B per rank; sent {m['wire_bytes']:,.0f} B; "
-                         f"params = DDP's after {steps} steps (max diff {diff:.1e})")
+            lines.append(f"world_size={n}, {label}: {len(buckets)} reduce-scatters during backward, each right "
+                         f"after its bucket's last gradient; full gradients alive at most {m['peak_grad_bytes']:,} B "
+                         f"(DDP: 4Ψ = {4 * m['psi']:,}); Adam state {m['state_bytes']:,} B per rank; sent "
+                         f"{m['wire_bytes']:,.0f} B; params = DDP's after {steps} steps (max diff {diff:.1e})")
     return ZeroCheckResult(cls.__name__, lines, measured, timeline)
