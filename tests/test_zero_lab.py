@@ -1,7 +1,10 @@
 """The ZeRO lab's checker (utils/checkers/zero.py) accepts the reference and rejects planted wrong answers.
 
-Each classic mistake of labs/03_zero_lab.ipynb is planted here, and the test asserts that the
-checker names it (``LabCheckFailed.mistake``) and says the key phrase of its hint. The lab's
+Lab 03 asks for ZeRO-2 as DeepSpeed runs it: gradient buckets reduce-scattered from hooks during
+backward, full gradients freed bucket by bucket, Adam on this rank's chunks, an all-gather. Each
+wrong answer below reaches (or nearly reaches) the right parameters the *wrong way*, and the test
+asserts that the checker names the mistake (``LabCheckFailed.mistake``) and says the key phrase of
+its hint. Each runs at a world size where its mistake shows (3 where padding matters). The lab's
 notebook itself runs in tests/test_notebooks.py.
 """
 
@@ -15,203 +18,263 @@ import torch.nn.functional as F
 from lab_grading import expect_rejection
 from notebook_runner import ROOT
 from utils import compat
-from utils.adam import adam_update
-from utils.checkers.zero import check_shard_bounds, check_zero1, check_zero2
+from utils.adam import LR, adam_update
+from utils.checkers.zero import check_bucketed_zero2, check_make_buckets
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
-from solutions.zero import shard_bounds, zero1_step, zero2_step  # noqa: E402
+from solutions.zero import BucketedZeRO2, make_buckets  # noqa: E402
 
 
-# ------------------------------------------------------------------ shard_bounds: wrong answers
+# ------------------------------------------------------------------ make_buckets: wrong answers
 
-def bounds_floor(numel, rank, world_size):
-    """numel // n per rank: the last numel % n elements belong to nobody."""
-    size = numel // world_size
-    return rank * size, (rank + 1) * size
-
-
-def bounds_overlapping(numel, rank, world_size):
-    size = -(-numel // world_size)
-    return min(rank * size, numel), min((rank + 1) * size + 1, numel)
+def buckets_forward_order(params, bucket_numel):
+    """Filled from the first parameter: the first bucket completes last in backward."""
+    return make_buckets(list(reversed(params)), bucket_numel)  # make_buckets reverses: forward order
 
 
-def bounds_unclipped(numel, rank, world_size):
-    size = -(-numel // world_size)
-    return rank * size, (rank + 1) * size
+def buckets_close_after(params, bucket_numel):
+    """Lesson 02's torch-DDP rule (close once >= the cap): a bucket may overflow by a whole parameter."""
+    buckets, current = [], []
+    for p in reversed(params):
+        current.append(p)
+        if sum(q.numel() for q in current) >= bucket_numel:
+            buckets.append(current)
+            current = []
+    return buckets + [current] if current else buckets
 
 
-def bounds_tensor_split(numel, rank, world_size):
-    """Uneven but covering (torch.tensor_split's sizes): right elements, wrong layout for the collectives."""
-    size, extra = divmod(numel, world_size)
-    start = rank * size + min(rank, extra)
-    return start, start + size + (rank < extra)
+def buckets_one_per_param(params, bucket_numel):
+    return [[p] for p in reversed(params)]
 
 
-def bounds_tensors(numel, rank, world_size):
-    start, stop = shard_bounds(numel, rank, world_size)
-    return torch.tensor(start), torch.tensor(stop)
+def buckets_lose_last(params, bucket_numel):
+    """Forgets the bucket still open when the loop ends."""
+    return make_buckets(params, bucket_numel)[:-1]
 
 
 @pytest.mark.parametrize("wrong, mistake, phrase", [
-    (bounds_floor, "lost_elements", "ceil(numel / n)"),
-    (bounds_overlapping, "duplicated_elements", "rank r-1 stops"),
-    (bounds_unclipped, "out_of_range", "min(..., numel)"),
-    (bounds_tensor_split, "layout", "padded layout"),
-    (bounds_tensors, "not_ints", "Python ints"),
+    (buckets_forward_order, "bucket_order", "reversed(params)"),
+    (buckets_close_after, "bucket_overflow", "*before*"),
+    (buckets_one_per_param, "bucket_size", "never one bucket for everything nor one per parameter"),
+    (buckets_lose_last, "lost_params", "exactly one bucket"),
 ], ids=lambda v: getattr(v, "__name__", None))
-def test_shard_bounds_rejects(wrong, mistake, phrase):
-    expect_rejection(check_shard_bounds, wrong, mistake=mistake, phrase=phrase)
+def test_make_buckets_rejects(wrong, mistake, phrase):
+    expect_rejection(check_make_buckets, wrong, mistake=mistake, phrase=phrase)
 
 
-# ------------------------------------------------------------------ the steps: wrong answers
-
-def _bounds(flat):
-    return shard_bounds(flat.numel(), dist.get_rank(), dist.get_world_size())
-
-
-def _gather_parameters(flat_param):
-    """The right all-gather, padded: for the wrong answers whose mistake lies elsewhere."""
-    n, numel = dist.get_world_size(), flat_param.numel()
-    start, stop = _bounds(flat_param)
-    size = -(-numel // n)
-    shard = flat_param.new_zeros(size)
-    shard[: stop - start] = flat_param[start:stop]
-    gathered = flat_param.new_empty(size * n)
-    compat.all_gather_single(gathered, shard)
-    flat_param.copy_(gathered[:numel])
+def test_make_buckets_names_the_numbers():
+    with pytest.raises(ValueError, match="bucket_numel=0"):
+        make_buckets([torch.zeros(3)], 0)
 
 
-def zero1_not_divided(flat_param, flat_grad, state, lr):
-    start, stop = _bounds(flat_param)
-    dist.all_reduce(flat_grad)  # the sum, never divided
-    adam_update(flat_param[start:stop], flat_grad[start:stop], state, lr=lr)
-    _gather_parameters(flat_param)
+# ------------------------------------------------------------------ the class: wrong answers, right numbers
+
+def _padded_flat_grad(self, i):
+    bucket = self.buckets[i]
+    return F.pad(torch.cat([q.grad.reshape(-1) for q in bucket]), (0, self.chunks[i] * self.n - self.numels[i]))
 
 
-def zero2_not_divided(flat_param, flat_grad, state, lr):
-    n, numel = dist.get_world_size(), flat_param.numel()
-    start, stop = _bounds(flat_param)
-    size = -(-numel // n)
-    grad_shard = flat_grad.new_empty(size)
-    compat.reduce_scatter_single(grad_shard, F.pad(flat_grad, (0, size * n - numel)))
-    adam_update(flat_param[start:stop], grad_shard[: stop - start], state, lr=lr)
-    _gather_parameters(flat_param)
+class AllReduce(BucketedZeRO2):
+    """Right values, DDP's collective: the whole bucket all-reduced, then this rank's chunk kept."""
+
+    def _grad_ready(self, p):
+        i = self.bucket_of[id(p)]
+        self.missing[i] -= 1
+        if self.missing[i] > 0:
+            return
+        self.missing[i] = len(self.buckets[i])
+        full = _padded_flat_grad(self, i)
+        for q in self.buckets[i]:
+            q.grad = None
+        dist.all_reduce(full)
+        chunk = self.chunks[i]
+        self.grad_shards[i] = full[self.rank * chunk:(self.rank + 1) * chunk].clone() / self.n
 
 
-def zero1_full_update(flat_param, flat_grad, state, lr):
-    """DDP with extra steps: every rank updates everything, and keeps Adam's state for everything."""
-    dist.all_reduce(flat_grad)
-    flat_grad /= dist.get_world_size()
-    adam_update(flat_param, flat_grad, state, lr=lr)
-    _gather_parameters(flat_param)
+class ReduceInStep(BucketedZeRO2):
+    """ZeRO-2's collectives, but every bucket reduced in step(), after backward."""
+
+    def _grad_ready(self, p):
+        pass
+
+    def step(self):
+        for i in range(len(self.buckets)):
+            self.missing[i] = 1
+            super()._grad_ready(self.buckets[i][0])
+        super().step()
 
 
-def zero1_no_gather(flat_param, flat_grad, state, lr):
-    start, stop = _bounds(flat_param)
-    dist.all_reduce(flat_grad)
-    flat_grad /= dist.get_world_size()
-    adam_update(flat_param[start:stop], flat_grad[start:stop], state, lr=lr)
+class ReduceAtLastGradient(BucketedZeRO2):
+    """Reduced from a hook, but only when every gradient of the model exists: all full gradients live at once."""
+
+    def _grad_ready(self, p):
+        self.seen = getattr(self, "seen", 0) + 1
+        if self.seen < sum(len(b) for b in self.buckets):
+            return
+        self.seen = 0
+        for i in range(len(self.buckets)):
+            self.missing[i] = 1
+            super()._grad_ready(self.buckets[i][0])
 
 
-def zero2_all_reduce(flat_param, flat_grad, state, lr):
-    """Right values, ZeRO-1's bill: the all-reduce was kept."""
-    zero1_step(flat_param, flat_grad, state, lr)
+class KeepsFullGrads(BucketedZeRO2):
+    """Reduce-scatters on time, but never drops p.grad: the full gradient stays, as in DDP."""
+
+    def _grad_ready(self, p):
+        i = self.bucket_of[id(p)]
+        self.missing[i] -= 1
+        if self.missing[i] > 0:
+            return
+        self.missing[i] = len(self.buckets[i])
+        shard = p.new_empty(self.chunks[i]).detach()
+        compat.reduce_scatter_single(shard, _padded_flat_grad(self, i))
+        self.grad_shards[i] = shard / self.n
+
+    def step(self):
+        super().step()
+        for bucket in self.buckets:
+            for q in bucket:
+                q.grad = None  # so that the next backward is right: only the memory during backward is wrong
 
 
-def zero1_floor_shards(flat_param, flat_grad, state, lr):
-    """Ignores shard_bounds: pieces of numel // n, so the tail is never updated."""
-    rank, n = dist.get_rank(), dist.get_world_size()
-    size = flat_param.numel() // n
-    dist.all_reduce(flat_grad)
-    flat_grad /= n
-    adam_update(flat_param[rank * size:(rank + 1) * size], flat_grad[rank * size:(rank + 1) * size], state, lr=lr)
-    gathered = flat_param.new_empty(size * n)
-    compat.all_gather_single(gathered, flat_param[rank * size:(rank + 1) * size].clone())
-    flat_param[: size * n] = gathered
+class OneBucket(BucketedZeRO2):
+    """bucket_numel ignored: everything in one bucket, reduced when backward is nearly over."""
+
+    def __init__(self, params, bucket_numel, lr):
+        super().__init__(params, 10 ** 9, lr)
 
 
-def zero1_unpadded_gather(flat_param, flat_grad, state, lr):
-    """Gathers shards of different sizes: gloo (and NCCL) want equal pieces."""
-    n = dist.get_world_size()
-    start, stop = _bounds(flat_param)
-    dist.all_reduce(flat_grad)
-    flat_grad /= n
-    adam_update(flat_param[start:stop], flat_grad[start:stop], state, lr=lr)
-    pieces = [flat_param.new_empty(b - a) for a, b in (shard_bounds(flat_param.numel(), r, n) for r in range(n))]
-    dist.all_gather(pieces, flat_param[start:stop].clone())
-    flat_param.copy_(torch.cat(pieces))
+class HardCodedBucket(BucketedZeRO2):
+    """The notebook's bucket size written in, whatever the argument says."""
+
+    def __init__(self, params, bucket_numel, lr):
+        super().__init__(params, 1_000, lr)
 
 
-def zero2_unpadded_scatter(flat_param, flat_grad, state, lr):
-    """Reduce-scatters Ψ elements into pieces of ceil(Ψ / n): the sizes do not add up without padding."""
-    start, stop = _bounds(flat_param)
-    grad_shard = flat_grad.new_empty(-(-flat_grad.numel() // dist.get_world_size()))
-    compat.reduce_scatter_single(grad_shard, flat_grad)
-    grad_shard /= dist.get_world_size()
-    adam_update(flat_param[start:stop], grad_shard[: stop - start], state, lr=lr)
-    _gather_parameters(flat_param)
+class FullAdamState(BucketedZeRO2):
+    """Every rank gathers the mean gradient and runs Adam on the whole model: DDP's 8Ψ bytes of state.
+
+    Its all-gather (of gradients, not parameters) has the same bytes as the right one: only the memory tells."""
+
+    def __init__(self, params, bucket_numel, lr):
+        super().__init__(params, bucket_numel, lr)
+        self.full = [torch.cat([p.detach().reshape(-1) for p in b]) for b in self.buckets]
+
+    @torch.no_grad()
+    def step(self):
+        for i, bucket in enumerate(self.buckets):
+            mean = self.grad_shards[i].new_empty(self.chunks[i] * self.n)
+            compat.all_gather_single(mean, self.grad_shards[i])
+            adam_update(self.full[i], mean[: self.numels[i]], self.states[i], lr=self.lr)
+            for p, piece in zip(bucket, self.full[i].split([p.numel() for p in bucket])):
+                p.copy_(piece.view_as(p))
 
 
-HIDDEN_STATE = {}
+class NotDivided(BucketedZeRO2):
+    def _grad_ready(self, p):
+        super()._grad_ready(p)
+        i = self.bucket_of[id(p)]
+        if self.missing[i] == len(self.buckets[i]) and self.grad_shards[i] is not None:
+            self.grad_shards[i] *= self.n  # undo the division
 
 
-def zero1_hidden_state(flat_param, flat_grad, state, lr):
+class Unpadded(BucketedZeRO2):
+    """Reduce-scatters the bucket without padding: the pieces do not add up when n does not divide it."""
+
+    def _grad_ready(self, p):
+        i = self.bucket_of[id(p)]
+        self.missing[i] -= 1
+        if self.missing[i] > 0:
+            return
+        self.missing[i] = len(self.buckets[i])
+        full = torch.cat([q.grad.reshape(-1) for q in self.buckets[i]])
+        for q in self.buckets[i]:
+            q.grad = None
+        shard = full.new_empty(self.chunks[i])
+        compat.reduce_scatter_single(shard, full)
+        self.grad_shards[i] = shard / self.n
+
+
+class NoGather(BucketedZeRO2):
+    """Updates its chunks and copies them into its own parameters, but never tells the other ranks."""
+
+    @torch.no_grad()
+    def step(self):
+        for i, bucket in enumerate(self.buckets):
+            adam_update(self.param_shards[i], self.grad_shards[i], self.states[i], lr=self.lr)
+            flat = F.pad(torch.cat([p.reshape(-1) for p in bucket]), (0, self.chunks[i] * self.n - self.numels[i]))
+            chunk = self.chunks[i]
+            flat[self.rank * chunk:(self.rank + 1) * chunk] = self.param_shards[i]
+            for p, piece in zip(bucket, flat[: self.numels[i]].split([p.numel() for p in bucket])):
+                p.copy_(piece.view_as(p))
+
+
+class IgnoresLr(BucketedZeRO2):
+    def __init__(self, params, bucket_numel, lr):
+        super().__init__(params, bucket_numel, LR)
+
+
+class FreshState(BucketedZeRO2):
+    def step(self):
+        self.states = [{} for _ in self.buckets]
+        super().step()
+
+
+HIDDEN = {}
+
+
+class HiddenState(BucketedZeRO2):
     """Right values, but Adam's state lives in a global, where nobody can count (or checkpoint) it."""
-    zero1_step(flat_param, flat_grad, HIDDEN_STATE.setdefault(flat_param.numel(), {}), lr)
+
+    def step(self):
+        states, self.states = self.states, [HIDDEN.setdefault((id(self), i), {}) for i in range(len(self.buckets))]
+        super().step()
+        self.states = states
 
 
-def zero1_fresh_state(flat_param, flat_grad, state, lr):
-    zero1_step(flat_param, flat_grad, {}, lr)
+class Stub(BucketedZeRO2):
+    def __init__(self, params, bucket_numel, lr):
+        raise NotImplementedError("BucketedZeRO2 is not written yet")
 
 
-def zero1_broadcast_shards(flat_param, flat_grad, state, lr):
-    """n broadcasts, one per shard: right values, n/(n-1) times an all-gather's bytes."""
-    n = dist.get_world_size()
-    start, stop = _bounds(flat_param)
-    dist.all_reduce(flat_grad)
-    flat_grad /= n
-    adam_update(flat_param[start:stop], flat_grad[start:stop], state, lr=lr)
-    for r in range(n):
-        a, b = shard_bounds(flat_param.numel(), r, n)
-        piece = flat_param[a:b].clone()
-        dist.broadcast(piece, src=r)
-        flat_param[a:b] = piece
+def test_reference_passes_at_every_world_size():
+    result = check_bucketed_zero2(BucketedZeRO2, make_buckets, world_sizes=(1, 2, 3, 4, 5, 6), steps=2)
+    for n in (2, 3, 6):
+        m = result.measured[n, 1_000]
+        psi, chunks = m["psi"], [-(-b // n) for b in m["buckets"]]
+        assert psi == 9_034 and m["buckets"] == [778, 4_096, 64, 4_096] and m["reduce_scatters"] == 4
+        assert m["state_bytes"] == 8 * sum(chunks) < 8 * (psi / n + len(chunks))  # 8Ψ/n, rounded up for padding
+        assert m["grad_shard_bytes"] == 4 * sum(chunks)
+        assert m["peak_grad_bytes"] <= 4 * (778 + 4_096) < 4 * psi  # never the full gradient
+        assert m["wire_bytes"] == pytest.approx(2 * (n - 1) / n * 4 * n * sum(chunks))  # 2Ψ(n-1)/n values + padding
+    assert "-> reduce_scatter_single" in result.timeline
 
 
-def zero_stub(flat_param, flat_grad, state, lr):
-    raise NotImplementedError("zero1_step is not written yet")
-
-
-def test_references_pass():
-    one = check_zero1(zero1_step, shard_bounds, world_sizes=(2, 4), steps=2)
-    two = check_zero2(zero2_step, shard_bounds, world_sizes=(2, 3), steps=2)
-    assert "3(n-1)/n x 4Ψ = 81,306" in str(one) and "world_size=3" in str(two)
-    psi = one.measured[4]["psi"]
-    assert one.measured[4]["state_bytes"] == 8 * -(-psi // 4)  # Adam's 8 bytes x rank 0's shard
-    assert two.measured[2]["wire_bytes"] == 4 * psi  # 2(n-1)/n x 4Ψ at n=2, 9,034 divisible by 2
-
-
-@pytest.mark.parametrize("check, wrong, world_sizes, mistake, phrase", [
-    (check_zero1, zero1_not_divided, (2,), "not_divided", "dist.get_world_size()"),
-    (check_zero2, zero2_not_divided, (3,), "not_divided", "dist.get_world_size()"),
-    (check_zero1, zero1_full_update, (2,), "state_not_sharded", "flat_param[start:stop]"),
-    (check_zero1, zero1_no_gather, (2,), "not_gathered", "all-gather the updated"),
-    (check_zero2, zero2_all_reduce, (2,), "zero2_all_reduce", "reduce-scatter"),
-    (check_zero1, zero1_floor_shards, (3,), "lost_elements", "never updated"),
-    (check_zero1, zero1_unpadded_gather, (4,), "unequal_pieces", "pad the flat vector"),
-    (check_zero2, zero2_unpadded_scatter, (4,), "unequal_pieces", "pad the flat vector"),
-    (check_zero1, zero1_fresh_state, (2,), "state_reset", "restarts Adam"),
-    (check_zero1, zero1_hidden_state, (2,), "state_hidden", "`state` dict"),
-    (check_zero1, zero1_broadcast_shards, (2,), "bytes", "3(n-1)/n x 4Ψ"),
+@pytest.mark.parametrize("wrong, world_sizes, mistake, phrase", [
+    (AllReduce, (2,), "all_reduce", "half the bytes"),
+    (ReduceInStep, (2,), "after_backward", "not in step()"),
+    (ReduceAtLastGradient, (2,), "late", "as soon as its last gradient"),
+    (KeepsFullGrads, (2,), "full_grads_kept", "q.grad = None"),
+    (OneBucket, (2,), "bucket_size", "bucket_numel you are given"),
+    (HardCodedBucket, (2,), "bucket_size", "bucket_numel=5,000"),
+    (FullAdamState, (2,), "state_not_sharded", "chunk of each bucket only"),
+    (NotDivided, (3,), "not_divided", "dist.get_world_size()"),
+    (Unpadded, (3,), "unequal_pieces", "pad each bucket"),
+    (NoGather, (2,), "not_gathered", "all-gather every bucket"),
+    (IgnoresLr, (2,), "lr_ignored", "lr=self.lr"),
+    (FreshState, (2,), "state_reset", "restarts Adam"),
+    (HiddenState, (2,), "state_hidden", "self.states[i]"),
 ], ids=lambda v: getattr(v, "__name__", None))
-def test_steps_reject(check, wrong, world_sizes, mistake, phrase):
-    expect_rejection(check, wrong, shard_bounds, world_sizes=world_sizes, steps=2, mistake=mistake, phrase=phrase)
+def test_class_rejects(wrong, world_sizes, mistake, phrase):
+    expect_rejection(check_bucketed_zero2, wrong, make_buckets, world_sizes=world_sizes, steps=2, mistake=mistake,
+                     phrase=phrase)
 
 
-def test_wrong_shard_bounds_is_reported_before_the_step():
-    expect_rejection(check_zero1, zero1_step, bounds_floor, world_sizes=(2,), steps=2, mistake="lost_elements")
+def test_wrong_make_buckets_is_reported_before_the_class():
+    expect_rejection(check_bucketed_zero2, BucketedZeRO2, buckets_close_after, world_sizes=(2,), steps=2,
+                     mistake="bucket_overflow")
 
 
 def test_stub_raises_its_own_error():
     with pytest.raises(NotImplementedError, match="not written yet"):
-        check_zero1(zero_stub, shard_bounds, world_sizes=(2,), steps=2)
+        check_bucketed_zero2(Stub, make_buckets, world_sizes=(2,), steps=2)

@@ -1,19 +1,16 @@
-"""Reference solution of labs/03_zero_lab.ipynb: the sharded optimizer step of ZeRO-1 and ZeRO-2.
+"""Reference solution of labs/03_zero_lab.ipynb: ZeRO-2 with gradient buckets reduced during backward.
 
-ZeRO (Rajbhandari et al., arXiv 1910.02054) keeps data parallelism's replicated forward and
-backward but splits the *optimizer step*: the flat vector of Ψ trainable parameters is cut into n
-shards, rank r updates only shard r and keeps Adam's state only for it, then the updated shards
-are all-gathered so every replica is whole again.
+Lesson 03's ZeRO-2 reduce-scatters the gradients of one *module unit* at a time. DeepSpeed cuts the
+gradients by size instead (``reduce_bucket_size``, in numbers): backward produces them in roughly
+the reverse order of ``model.parameters()``, they are collected into a bucket, and as soon as a
+bucket's last gradient exists its padded flat copy is **reduce-scattered** (each rank receives the
+sum of its chunk only) and the full gradients are **freed**. So a rank never holds more than about
+one bucket of full gradients, and after backward it holds Ψ/n gradient numbers, not Ψ.
 
-- **ZeRO-1** (P_os, optimizer state partitioned): all-reduce the gradient as DDP does, update the
-  own shard, all-gather the parameters. Bytes per rank: 2(n-1)/n + (n-1)/n = 3(n-1)/n x 4Ψ.
-- **ZeRO-2** (P_os+g, gradients too): a rank needs the summed gradient of its own shard only, so a
-  reduce-scatter replaces the all-reduce (an all-reduce *is* a reduce-scatter followed by an
-  all-gather): 2(n-1)/n x 4Ψ, exactly DDP's bill, and only Ψ/n gradient elements kept.
-
-Shards use the **padded layout**: s = ceil(Ψ / n) elements per rank, rank r owns [r s, (r+1) s)
-clipped to Ψ. The collectives move n equal pieces of s elements, from a buffer padded with zeros
-to s n elements (at most n-1 padding elements); the parameter vector itself is never padded.
+Then the sharded step of ZeRO (Rajbhandari et al., arXiv 1910.02054): Adam on this rank's chunk of
+each bucket (its state: 8 bytes x Ψ/n in fp32), and an **all-gather** of the updated chunks so that
+every replica is whole again. Per step a rank sends Ψ(n-1)/n values in the reduce-scatters and
+Ψ(n-1)/n in the all-gathers: 2Ψ(n-1)/n values, DDP's bill (plus at most n-1 padding values per bucket).
 """
 
 import torch
@@ -24,43 +21,69 @@ from utils import compat  # all_gather_single / reduce_scatter_single on torch 2
 from utils.adam import adam_update
 
 
-def shard_bounds(numel: int, rank: int, world_size: int) -> tuple[int, int]:
-    """[start, stop) of the flat vector that ``rank`` owns: pieces of ceil(numel / n), clipped."""
-    size = -(-numel // world_size)  # ceil without floats
-    start = min(rank * size, numel)
-    return start, min(start + size, numel)
+def make_buckets(params, bucket_numel):
+    """Group ``params`` into buckets in the order backward produces their gradients (reversed).
+
+    DeepSpeed's rule: a bucket is closed *before* a parameter that would take it past
+    ``bucket_numel`` numbers, so no bucket holds more, except a single parameter that is larger
+    on its own.
+    """
+    if bucket_numel < 1:
+        raise ValueError(f"bucket_numel={bucket_numel}: a bucket must hold at least 1 number; DeepSpeed's "
+                         "reduce_bucket_size is typically 5e8, use e.g. 1_000 for a model of 9,034 parameters.")
+    buckets, current, size = [], [], 0
+    for p in reversed(params):
+        if current and size + p.numel() > bucket_numel:  # p would overflow the bucket: close it first
+            buckets.append(current)
+            current, size = [], 0
+        current.append(p)
+        size += p.numel()
+    if current:
+        buckets.append(current)
+    return buckets
 
 
-def _gather_parameters(flat_param):
-    """Every rank sends its (updated) shard, padded to s elements; every rank receives all of them."""
-    rank, n, numel = dist.get_rank(), dist.get_world_size(), flat_param.numel()
-    start, stop = shard_bounds(numel, rank, n)
-    size = -(-numel // n)
-    shard = flat_param.new_zeros(size)  # (s,): a short or empty last shard is padded with zeros
-    shard[: stop - start] = flat_param[start:stop]
-    gathered = flat_param.new_empty(size * n)  # (s * n,)
-    compat.all_gather_single(gathered, shard)  # dist.all_gather_single on torch 2.13
-    flat_param.copy_(gathered[:numel])  # drop the padding
+class BucketedZeRO2:
+    """ZeRO-2 (P_os+g) as DeepSpeed runs it: buckets reduce-scattered from gradient hooks during backward."""
 
+    def __init__(self, params, bucket_numel, lr):
+        self.rank, self.n, self.lr = dist.get_rank(), dist.get_world_size(), lr
+        self.buckets = make_buckets(params, bucket_numel)  # in the order they will be reduced
+        self.states = [{} for _ in self.buckets]  # Adam's state of this rank's chunk of each bucket
+        self.grad_shards = [None for _ in self.buckets]  # after backward: the mean gradient of each chunk
+        self.numels = [sum(p.numel() for p in bucket) for bucket in self.buckets]
+        self.chunks = [-(-numel // self.n) for numel in self.numels]  # ceil: n equal chunks, with padding
+        self.param_shards = []  # this rank's chunk of each bucket's flat parameters: what Adam updates
+        for bucket, numel, chunk in zip(self.buckets, self.numels, self.chunks):
+            flat = F.pad(torch.cat([p.detach().reshape(-1) for p in bucket]), (0, chunk * self.n - numel))
+            self.param_shards.append(flat[self.rank * chunk:(self.rank + 1) * chunk].clone())  # (chunk,)
+        self.bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
+        self.missing = [len(bucket) for bucket in self.buckets]  # gradients still to come, per bucket
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._grad_ready)  # runs once p.grad is complete
 
-def zero1_step(flat_param: torch.Tensor, flat_grad: torch.Tensor, state: dict, lr: float) -> None:
-    """ZeRO-1: all-reduce the gradient, Adam on this rank's shard only, all-gather the parameters."""
-    rank, n = dist.get_rank(), dist.get_world_size()
-    start, stop = shard_bounds(flat_param.numel(), rank, n)
-    dist.all_reduce(flat_grad)  # the sum over ranks, everywhere (we only use our shard of it)
-    flat_grad /= n  # ... the mean: the gradient of the global batch's loss
-    adam_update(flat_param[start:stop], flat_grad[start:stop], state, lr=lr)  # state: 8 bytes x Ψ/n
-    _gather_parameters(flat_param)
+    def _grad_ready(self, p):
+        """During backward: count the bucket's gradients; when the last is there, reduce-scatter and free."""
+        i = self.bucket_of[id(p)]
+        self.missing[i] -= 1
+        if self.missing[i] > 0:
+            return
+        self.missing[i] = len(self.buckets[i])  # ready for the next backward
+        bucket, numel, chunk = self.buckets[i], self.numels[i], self.chunks[i]
+        full = F.pad(torch.cat([q.grad.reshape(-1) for q in bucket]), (0, chunk * self.n - numel))  # (chunk * n,)
+        for q in bucket:
+            q.grad = None  # the full gradients go now: only the flat copy lives, until the end of this call
+        shard = full.new_empty(chunk)  # (chunk,)
+        compat.reduce_scatter_single(shard, full)  # a SUM of chunk `rank` over the ranks
+        self.grad_shards[i] = shard.div_(self.n)  # the mean: the gradient of the global batch's loss
 
-
-def zero2_step(flat_param: torch.Tensor, flat_grad: torch.Tensor, state: dict, lr: float) -> None:
-    """ZeRO-2: reduce-scatter the gradient (each rank gets its shard's sum), Adam on it, all-gather."""
-    rank, n, numel = dist.get_rank(), dist.get_world_size(), flat_param.numel()
-    start, stop = shard_bounds(numel, rank, n)
-    size = -(-numel // n)
-    padded = F.pad(flat_grad, (0, size * n - numel))  # (s * n,): n equal pieces
-    grad_shard = flat_grad.new_empty(size)  # (s,): this rank's piece of the sum
-    compat.reduce_scatter_single(grad_shard, padded)  # a SUM of each rank's piece
-    grad_shard /= n
-    adam_update(flat_param[start:stop], grad_shard[: stop - start], state, lr=lr)
-    _gather_parameters(flat_param)
+    @torch.no_grad()
+    def step(self):
+        """After backward: Adam on this rank's chunks, then all-gather every bucket's parameters."""
+        for i, bucket in enumerate(self.buckets):
+            adam_update(self.param_shards[i], self.grad_shards[i], self.states[i], lr=self.lr)  # 8 B x chunk
+            full = self.param_shards[i].new_empty(self.chunks[i] * self.n)  # (chunk * n,)
+            compat.all_gather_single(full, self.param_shards[i])
+            pieces = full[: self.numels[i]].split([p.numel() for p in bucket])  # drop the padding
+            for p, piece in zip(bucket, pieces):
+                p.copy_(piece.view_as(p))

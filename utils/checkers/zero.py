@@ -1,21 +1,27 @@
-"""The checker of lab 03 (ZeRO): a sharded optimizer step, compared with plain DDP and with its bill.
+"""The checker of lab 03 (ZeRO): ZeRO-2 with gradient buckets reduce-scattered during backward.
 
 Used by ``labs/03_zero_lab.ipynb``, which derives what is checked here. The learner writes
-``shard_bounds(numel, rank, world_size) -> (start, stop)`` and two steps with the signature
-``step(flat_param, flat_grad, state, lr) -> None``: ``flat_param`` (Ψ,) holds every trainable
-parameter (the same on all ranks, updated in place), ``flat_grad`` (Ψ,) this rank's local
-gradient, ``state`` a dict that persists between steps and holds *all* the optimizer state of
-this rank (filled by ``adam_update``). Same conventions as every lab (``utils.checkers.common``): a ``CheckResult`` on
-success (here ``ZeroCheckResult``, with the measured numbers in ``.measured``), else
-``LabCheckFailed`` with ``.mistake`` and ``.hint``. Three kinds of evidence:
+``make_buckets(params, bucket_numel) -> [[param, ...], ...]`` (DeepSpeed's rule, in the order
+backward produces the gradients) and a class ``cls(params, bucket_numel, lr)`` that registers
+gradient hooks, and whose ``step()`` runs after backward. Its attributes ``states`` (one Adam state
+dict per bucket) and ``grad_shards`` (after backward: this rank's mean-gradient chunk of each
+bucket) are where the checker counts. Same conventions as every lab (``utils.checkers.common``).
 
-- **values**: the parameters after a few Adam steps equal plain DDP's (all-reduce, divide, full
-  Adam on every rank), on a small vector whose length n does not divide and on ``ToyNet``;
-- **memory**: the bytes of the tensors in ``state``: Adam keeps 8 bytes per element it updates,
-  so a rank that updates Ψ/n elements holds 8Ψ/n bytes, and one that updates everything 8Ψ;
-- **bytes**: ``CommLedger``'s wire bytes per step: ZeRO-1 all-reduce + all-gather =
-  3(n-1)/n x 4Ψ, ZeRO-2 reduce-scatter + all-gather = 2(n-1)/n x 4Ψ (plus at most n-1 padding
-  elements per collective).
+The checker judges the *technique*, not only the final numbers. On every rank it registers its
+own gradient hook on each parameter *before* the learner's (hooks run in the order they were
+registered), so for every gradient that backward produces it notes how many collectives the
+learner has issued so far and how many bytes of full gradients (``p.grad``) are alive. From that:
+
+- **which collective, when**: one reduce-scatter per bucket, issued right after the last gradient
+  of that bucket appeared (not at the end of backward, not in ``step()``), with the padded bucket as
+  payload; after backward, only all-gathers of the padded parameters; no all-reduce anywhere;
+- **memory**: the full gradients of a bucket are gone once it is reduced (at most the open buckets'
+  gradients are alive, none after backward); gradient chunks and Adam's state are 4 and 8 bytes x
+  the rank's padded chunks, sum over buckets of ceil(numel / n), about Ψ/n numbers (DDP: Ψ);
+- **values**: the gradient chunks equal DDP's mean gradient cut the same way (a missing division by
+  n shows here, Adam would hide it), the first step moves each parameter by ``lr`` (Adam's first
+  step is +-lr: an ignored ``lr`` shows), and after a few steps the parameters equal plain DDP's;
+- **arguments**: two bucket sizes and an ``lr`` that is not the default, so a hard-coded one fails.
 """
 
 import dataclasses
@@ -24,57 +30,61 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..adam import LR, adam_update
+from ..adam import adam_update
 from ..datasets import digits
 from ..launch import rank_device
 from ..ledger import CommLedger
 from ..models import ToyNet
-from .common import WEIGHT_TOL, CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error
+from .common import GRAD_TOL, WEIGHT_TOL, CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error
 
-
-
-def padded_bounds(numel, rank, world_size):
-    """The layout the lab asks for: pieces of ceil(numel / n) elements, the last ones clipped."""
-    size = -(-numel // world_size)
-    start = min(rank * size, numel)
-    return start, min(start + size, numel)
-
+CHECK_LR = 3e-3  # not utils.adam.LR nor adam_update's default: an lr that is ignored shows
+REDUCE_SCATTER = ("reduce_scatter_single", "reduce_scatter_tensor", "reduce_scatter")  # one collective, 3 names
+ALL_GATHER = ("all_gather_single", "all_gather_into_tensor", "all_gather")
+PARAM_NAMES = ("embed.weight", "embed.bias", "mix1.weight", "mix1.bias", "mix2.bias", "head.weight", "head.bias")
 
 ZERO_HINTS = {
-    "lost_elements": "some elements belong to no rank, so nobody updates them: with pieces of numel // n the last "
-                     "numel % n elements are lost. Use pieces of ceil(numel / n) = -(-numel // n), clipped to numel.",
-    "duplicated_elements": "some elements belong to two ranks (the shards overlap): start rank r where rank r-1 "
-                           "stops.",
-    "out_of_range": "the bounds must lie in [0, numel]: clip them with min(..., numel). The padding exists only in "
-                    "the communication buffers, never in the parameter vector.",
-    "layout": "use the padded layout: rank r owns [r * s, (r + 1) * s) clipped to numel, with s = ceil(numel / n). "
-              "Then the padded vector (s * n elements) cut into n equal pieces gives every rank its shard, which is "
-              "what all_gather_single / reduce_scatter_single need.",
-    "not_ints": "return two Python ints (start, stop), e.g. with int(...).",
-    "unequal_pieces": "all_gather_single / reduce_scatter_single (all_gather_into_tensor / reduce_scatter_tensor "
-                      "before torch 2.13) need n equal pieces: pad the flat vector with zeros to s * n elements "
-                      "(s = ceil(numel / n)) and send s elements per rank, even from a rank with a short shard.",
-    "deadlock": "some rank skips a collective that the others call: every rank, even one whose shard is short or "
-                "empty, must take part in every all-reduce, reduce-scatter and all-gather.",
-    "not_divided": "the collectives SUM the gradients: divide by dist.get_world_size() to get the mean. Adam almost "
-                   "hides the mistake (it is scale-invariant, up to eps), but its state holds n times the gradient, "
-                   "and with SGD, clipping or weight decay the training changes.",
-    "not_gathered": "after the update each rank holds new values only in its own shard: all-gather the updated "
-                    "shards (dist.all_gather_single, all_gather_into_tensor before torch 2.13) into flat_param, so "
-                    "every replica is whole and the same again.",
-    "state_not_sharded": "every rank updates (and keeps Adam's state for) the whole vector: call adam_update only on "
-                         "this rank's slice, flat_param[start:stop], so the state is Ψ/n elements per rank.",
-    "state_hidden": "keep the optimizer state in the `state` dict you are given (adam_update(..., state, ...)): it "
-                    "survives between steps there, and the checker counts it there.",
-    "state_reset": "pass the `state` dict you are given to adam_update, every step: a new (or emptied) dict each "
-                   "step restarts Adam at step 1.",
-    "zero2_all_reduce": "ZeRO-2 does not all-reduce: reduce-scatter the (padded) gradient with "
-                        "dist.reduce_scatter_single (reduce_scatter_tensor before torch 2.13), so each rank receives "
-                        "only the sum of its own shard, in half the bytes of an all-reduce.",
-    "bytes": "send each collective once per step on the flat vector: ZeRO-1 = one all-reduce of the gradient + one "
-             "all-gather of the parameters; ZeRO-2 = one reduce-scatter + one all-gather.",
-    "wrong": "after the step, flat_param must equal DDP's: mean gradient (sum / n), Adam on your shard, then every "
-             "rank's shard gathered everywhere.",
+    "bucket_order": "backward produces gradients from the last layer to the first: fill the buckets from "
+                    "reversed(params), so the first bucket is complete first.",
+    "lost_params": "every parameter must be in exactly one bucket: add each p of reversed(params) once.",
+    "bucket_overflow": "close the bucket *before* adding a parameter that would take it past bucket_numel "
+                       "(if current and size + p.numel() > bucket_numel), as DeepSpeed does; only a parameter "
+                       "larger than bucket_numel on its own may exceed it.",
+    "bucket_size": "one reduce-scatter per bucket of make_buckets(params, bucket_numel), with the bucket_numel you "
+                   "are given: close a bucket only when the next parameter would overflow it, never one bucket for "
+                   "everything nor one per parameter.",
+    "all_reduce": "ZeRO-2 does not all-reduce: reduce-scatter each padded bucket (compat.reduce_scatter_single), so "
+                  "each rank receives only the sum of its own chunk, in half the bytes of an all-reduce.",
+    "after_backward": "reduce each bucket during backward, from the hook of its last gradient "
+                      "(p.register_post_accumulate_grad_hook), not in step(): that is what frees the full gradients "
+                      "early and lets the communication overlap the rest of backward.",
+    "late": "reduce a bucket as soon as its last gradient exists (count the gradients still missing per bucket), "
+            "not when every gradient of the model is there: waiting keeps all the full gradients alive.",
+    "bytes": "after backward, send only the all-gathers of the updated chunks (chunk * n numbers per bucket, padding "
+             "included): no broadcast, no second reduction.",
+    "full_grads_kept": "set q.grad = None for every parameter q of a bucket once its flat copy is made: ZeRO-2 keeps "
+                       "only the reduce-scattered chunk, so the full gradients must not outlive their bucket.",
+    "grad_shard_shape": "self.grad_shards[i] must be this rank's chunk of bucket i's mean gradient: chunk = "
+                        "ceil(numel / n) numbers (padding included), the output of the reduce-scatter.",
+    "not_divided": "the reduce-scatter SUMS the gradients: divide the chunk by dist.get_world_size() to get the mean. "
+                   "Adam almost hides the mistake (it is scale-invariant, up to eps), but clipping, weight decay or "
+                   "SGD would not.",
+    "wrong_grads": "chunk r of the padded bucket belongs to rank r: flatten the bucket's gradients in the bucket's "
+                   "order, pad with zeros to chunk * n, reduce-scatter into `chunk` numbers.",
+    "unequal_pieces": "reduce_scatter_single / all_gather_single need n equal pieces: pad each bucket's flat vector "
+                      "with zeros to chunk * n numbers (chunk = ceil(numel / n)), even on a rank whose chunk is all "
+                      "padding.",
+    "deadlock": "some rank skips a collective that the others call: every rank must reduce-scatter and all-gather "
+                "every bucket, in the same order.",
+    "not_gathered": "after the update each rank holds new values only in its own chunks: all-gather every bucket's "
+                    "updated chunks and copy them into the parameters, so every replica is whole and the same.",
+    "state_not_sharded": "call adam_update on this rank's chunk of each bucket only (its slice of the flat "
+                         "parameters), so the state is 8 bytes x about Ψ/n numbers per rank, not DDP's 8Ψ.",
+    "state_hidden": "keep Adam's state in self.states[i] (adam_update(..., self.states[i], ...)): it survives between "
+                    "steps there, and the checker counts it there.",
+    "state_reset": "pass the same self.states[i] to adam_update every step: a new (or emptied) dict each step "
+                   "restarts Adam at step 1.",
+    "lr_ignored": "use the lr given to the constructor (adam_update(..., lr=self.lr)), not a constant.",
+    "wrong": "after each step the parameters must equal DDP's: mean gradient chunk, Adam on your chunk, all-gather.",
 }
 ERROR_PHRASES = [(phrase, "unequal_pieces") for phrase in (  # gloo's and NCCL's words for pieces that do not fit
     "invalid tensor size", "same size", "must be divisible", "output tensor size", "* worldSize", "times world")]
@@ -82,219 +92,280 @@ ERROR_PHRASES = [(phrase, "unequal_pieces") for phrase in (  # gloo's and NCCL's
 
 @dataclasses.dataclass
 class ZeroCheckResult(CheckResult):
-    """A passed check, with ``measured[n]`` = dict(psi, state_bytes (per rank), wire_bytes (per rank, one step),
-    ops, max_diff)."""
+    """A passed check, with ``measured[(n, bucket_numel)]`` = dict(psi, buckets (numbers per bucket),
+    reduce_scatters, peak_grad_bytes, grad_shard_bytes, state_bytes, wire_bytes, max_diff) and
+    ``timeline``: rank 0's first step at the first world size, one line per event."""
 
     measured: dict = dataclasses.field(default_factory=dict)
+    timeline: str = ""
 
 
+def expected_buckets(sizes, bucket_numel):
+    """DeepSpeed's buckets over parameters of ``sizes`` (numbers each): lists of indices, reduce order."""
+    buckets, current, size = [], [], 0
+    for i in reversed(range(len(sizes))):
+        if current and size + sizes[i] > bucket_numel:
+            buckets.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += sizes[i]
+    return buckets + [current] if current else buckets
 
-def check_shard_bounds(fn, world_sizes=range(1, 9)):
-    """Check ``fn(numel, rank, world_size) -> (start, stop)`` against the padded layout, on sizes
-    with and without remainder (1 element, fewer than n, 4n + 1, ToyNet's 9,034)."""
+
+def check_make_buckets(fn, cases=((1000, 10), (1000, 1000), (5000, 100), (1, 1))):
+    """Check ``fn(params, bucket_numel)`` on ToyNet's parameters and on a list of small tensors."""
     __tracebackhide__ = True
-    for n in world_sizes:
-        for numel in sorted({1, max(1, n - 1), 4 * n, 4 * n + 1, 9_034}):
-            got = [fn(numel, r, n) for r in range(n)]
-            label = f"numel={numel:,}, world_size={n}: your bounds are {got if n <= 4 else got[:4] + ['...']}"
-            if not all(isinstance(b, tuple | list) and len(b) == 2 and all(isinstance(v, int) for v in b)
-                       for b in got):
-                fail(ZERO_HINTS, "not_ints", f"{label}; each must be a (start, stop) tuple of ints.", n)
-            if any(a < 0 or b > numel or a > b for a, b in got):
-                fail(ZERO_HINTS, "out_of_range", f"{label}: a bound lies outside [0, {numel}] or start > stop.", n)
-            owners = torch.zeros(numel, dtype=torch.int64)
-            for a, b in got:
-                owners[a:b] += 1
-            if (owners == 0).any():
-                lost = (owners == 0).nonzero().flatten()
-                fail(ZERO_HINTS, "lost_elements", f"{label}: {lost.numel()} element(s) belong to no rank, e.g. index "
-                      f"{lost[0].item()}.", n)
-            if (owners > 1).any():
-                fail(ZERO_HINTS, "duplicated_elements", f"{label}: {(owners > 1).sum().item()} element(s) belong to two ranks.",
-                      n)
-            expected = [padded_bounds(numel, r, n) for r in range(n)]
-            if [tuple(b) for b in got] != expected:
-                fail(ZERO_HINTS, "layout", f"{label}; the padded layout is {expected if n <= 4 else expected[:4] + ['...']}.", n)
-    size = -(-9_034 // 4)
-    line = (f"world sizes {list(world_sizes)}: every element in exactly one shard, padded layout; e.g. Ψ=9,034 on 4 "
-            f"ranks: shards of {size:,}, the last {9_034 - 3 * size:,}, {4 * size - 9_034} padding elements")
-    return CheckResult("shard_bounds", [line])
+    toy = [p for p in ToyNet().parameters() if p.requires_grad]  # 7 tensors, 9,034 numbers
+    small = [torch.zeros(k, requires_grad=True) for k in (3, 7, 2, 9, 1, 4)]
+    lines = []
+    for params, label in ((toy, "ToyNet"), (small, "sizes [3, 7, 2, 9, 1, 4]")):
+        sizes = [p.numel() for p in params]
+        for bucket_numel in sorted({c[0] if params is toy else c[1] for c in cases}):
+            got = fn(params, bucket_numel)
+            index = {id(p): i for i, p in enumerate(params)}
+            got_ix = [[index.get(id(p), -1) for p in bucket] for bucket in got]
+            want = expected_buckets(sizes, bucket_numel)
+            what = (f"{label}, bucket_numel={bucket_numel:,}: your buckets hold parameters {got_ix} (numbers "
+                    f"{[sum(sizes[i] for i in b if i >= 0) for b in got_ix]}); expected {want}")
+            flat = [i for b in got_ix for i in b]
+            if sorted(flat) != list(range(len(params))):
+                fail(ZERO_HINTS, "lost_params", what, None)
+            if flat != list(reversed(range(len(params)))):
+                fail(ZERO_HINTS, "bucket_order", what, None)
+            if any(len(b) > 1 and sum(sizes[i] for i in b) > bucket_numel for b in got_ix):
+                fail(ZERO_HINTS, "bucket_overflow", what, None)
+            if got_ix != want:
+                fail(ZERO_HINTS, "bucket_size", what, None)
+            if params is toy:
+                lines.append(f"ToyNet, bucket_numel={bucket_numel:,}: {len(want)} buckets of "
+                             f"{[sum(sizes[i] for i in b) for b in want]} numbers")
+    return CheckResult("make_buckets", lines)
 
 
-def _unit_grad(numel, rank, step):
-    """Small integers in [-3, 3], different per rank and step: their sum over ranks is exact in float32."""
-    return ((torch.arange(numel) * (step + 1) + 3 * rank) % 7 - 3).float()
+def _flat(params):
+    return torch.cat([p.detach().reshape(-1) for p in params])
 
 
-def _state_bytes(state):
-    """Bytes of the tensors in ``state`` (each storage once): the optimizer memory of this rank."""
-    storages = {v.untyped_storage().data_ptr(): v.untyped_storage() for v in state.values() if torch.is_tensor(v)}
-    return sum(storage.nbytes() for storage in storages.values())
-
-
-@torch.no_grad()
-def _load_flat(model, flat):
-    params = [p for p in model.parameters() if p.requires_grad]  # each tensor once: the tied weight too
-    for p, piece in zip(params, flat.split([p.numel() for p in params])):
-        p.copy_(piece.view_as(p))
-
-
-def _run_case(step_fn, flat, local_grad, steps):
-    """``steps`` learner steps on ``flat`` beside plain DDP on a copy; returns what the checker compares.
-
-    ``local_grad(step, params)`` is this rank's gradient at ``params``. DDP all-reduces it, divides
-    by n and runs Adam on the whole vector, on every rank.
-    """
+def _one_case(cls, model, ref, x, y, batches, bucket_numel, lr, steps):
+    """``steps`` steps of the learner's class on ``model`` beside plain DDP on ``ref``; what the judge needs."""
     rank, n = dist.get_rank(), dist.get_world_size()
-    initial, ref, ref_state, state, records = flat.clone(), flat.clone(), {}, {}, []
+    params = [p for p in model.parameters() if p.requires_grad]  # each tensor once: the tied weight too
+    ref_params = [p for p in ref.parameters() if p.requires_grad]
+    probe = {"ledger": None, "events": []}
+
+    def seen(i):  # runs before the learner's hook of the same parameter: registered first
+        ledger = probe["ledger"]
+        live = sum(q.grad.nbytes for q in params if q.grad is not None)
+        probe["events"].append((i, len(ledger.records) if ledger else 0, live))
+
+    for i, p in enumerate(params):
+        p.register_post_accumulate_grad_hook(lambda p, i=i: seen(i))
+    answer = cls(params, bucket_numel, lr)
+    ref_flat, ref_state, steps_out = _flat(ref_params), {}, []
     for step in range(steps):
-        local = local_grad(step, flat)
+        mine = batches[step].view(n, -1)[rank]  # this rank's shard of the global batch
+        probe["events"] = []
+        before = _flat(params)
         with CommLedger() as ledger:
-            step_fn(flat, local.clone(), state, LR)
-        records.append([(r.op, r.payload_bytes, r.wire_bytes) for r in ledger.records])
-        mean = local_grad(step, ref)
-        dist.all_reduce(mean)  # plain DDP, outside the ledger
-        adam_update(ref, mean / n, ref_state, LR)
-    start, stop = padded_bounds(flat.numel(), rank, n)
-    exp_avg = state.get("exp_avg")
-    return {"initial": initial, "final": flat.clone(), "ref": ref, "records": records,
-            "state_bytes": _state_bytes(state), "state_step": state.get("step"),
-            "exp_avg": exp_avg.clone() if isinstance(exp_avg, torch.Tensor) else None,
-            "ref_exp_avg": ref_state["exp_avg"][start:stop].clone()}
+            probe["ledger"] = ledger
+            F.cross_entropy(model(x[mine]), y[mine]).backward()
+            after_backward = len(ledger.records)
+            live_after = sum(q.grad.nbytes for q in params if q.grad is not None)
+            shards = [g.detach().clone() if torch.is_tensor(g) else None for g in answer.grad_shards]
+            answer.step()
+        probe["ledger"] = None
+        ref.zero_grad()  # plain DDP, outside the ledger: all-reduce, divide, Adam on everything
+        F.cross_entropy(ref(x[mine]), y[mine]).backward()
+        mean = torch.cat([p.grad.reshape(-1) for p in ref_params])
+        dist.all_reduce(mean)
+        mean /= n
+        adam_update(ref_flat, mean, ref_state, lr=lr)
+        with torch.no_grad():
+            for p, piece in zip(ref_params, ref_flat.split([p.numel() for p in ref_params])):
+                p.copy_(piece.view_as(p))
+        steps_out.append({"events": probe["events"], "after_backward": after_backward, "live_after": live_after,
+                          "records": [(r.op, r.payload_bytes, r.wire_bytes) for r in ledger.records],
+                          "shards": shards, "mean": mean.clone(), "before": before, "after": _flat(params)})
+    tensors = {id(t): t for s in answer.states for t in s.values() if torch.is_tensor(t)} if isinstance(
+        answer.states, list) else {}
+    return {"steps": steps_out, "final": _flat(params), "ref": ref_flat.clone(), "sizes": [p.numel() for p in params],
+            "state_bytes": sum(t.nbytes for t in tensors.values()),
+            "state_steps": [s.get("step") for s in answer.states] if isinstance(answer.states, list) else []}
 
 
-def _zero_on_rank(step_fn, x, y, batches, seed):
-    """Runs on every rank: a unit case (4n + 1 elements, integer gradients), then ToyNet on digits."""
+def _zero2_on_rank(cls, x, y, batches, bucket_numels, lr, steps):
     rank, n, device = dist.get_rank(), dist.get_world_size(), rank_device()
     out, x, y = {"error": None}, x.to(device), y.to(device)
     try:
-        numel = 4 * n + 1  # n never divides it: padding needed
-        flat = ((torch.arange(numel) % 5 + 1) * 0.1).to(device)  # (numel,), the same on every rank
-        out["unit"] = _run_case(step_fn, flat, lambda step, _: _unit_grad(numel, rank, step).to(device), 2)
-
-        torch.manual_seed(seed)  # the same model on every rank: the broadcast is lab 02's business
-        model = ToyNet().to(device)
-        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters() if p.requires_grad])  # (Ψ,)
-
-        def local_grad(step, params):
-            _load_flat(model, params)
-            mine = batches[step].view(n, -1)[rank]  # this rank's shard of the global batch
-            model.zero_grad()
-            F.cross_entropy(model(x[mine]), y[mine]).backward()
-            return torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.requires_grad])  # (Ψ,)
-
-        out["model"] = _run_case(step_fn, flat, local_grad, len(batches))
-    except Exception as exc:  # noqa: BLE001 - reported to the learner in the kernel
-        out["error"] = caught(exc, getattr(step_fn, "__name__", "your step"))
+        for bucket_numel in bucket_numels:
+            torch.manual_seed(0)  # the same model on every rank and for DDP: the broadcast is lab 02's business
+            model = ToyNet().to(device)
+            torch.manual_seed(0)
+            ref = ToyNet().to(device)
+            out[bucket_numel] = _one_case(cls, model, ref, x, y, batches, bucket_numel, lr, steps)
+    except Exception as exc:  # noqa: BLE001 - reported in the notebook, with every rank's view
+        out["error"] = caught(exc, cls.__name__)
     return out
 
 
-def _judge_values(case, ranks, n, label):
-    """Raises the mistake the final parameters (and Adam's state) show; returns the max diff to DDP."""
+def _judge_comm(case, buckets, chunks, n, label):
+    """One reduce-scatter per bucket, right after its last gradient; then all-gathers only."""
     __tracebackhide__ = True
-    rs = [r[case] for r in ranks]
-    for rank, r in enumerate(rs):
-        if r["state_step"] == 1 and len(r["records"]) > 1:
-            fail(ZERO_HINTS, "state_reset", f"{label}: after {len(r['records'])} steps rank {rank}'s state says step 1.", n)
-        mine, ref_m = r["exp_avg"], r["ref_exp_avg"]  # Adam's m: linear in the gradients it was given
-        if n > 1 and mine is not None and mine.numel() >= ref_m.numel() > 0 and ref_m.abs().max() > 0 \
-                and close(mine[: ref_m.numel()], n * ref_m, WEIGHT_TOL):
-            fail(ZERO_HINTS, "not_divided", f"{label}: rank {rank}'s Adam exp_avg is {n} x DDP's (the summed gradient).", n)
-    ref = rs[0]["ref"]
-    diff = max((r["final"].double() - ref.double()).abs().max().item() for r in rs)
-    if all(close(r["final"], ref, WEIGHT_TOL) for r in rs):
-        return diff
-    if all(r["state_bytes"] == 0 for r in rs):
-        fail(ZERO_HINTS, "state_reset", f"{label}: the parameters differ from DDP's by up to {diff:.3g}, and the `state` dict "
-              "you were given is still empty after the steps.", n)
-    if any(not torch.equal(r["final"], rs[0]["final"]) for r in rs):
-        ops = {op for r in rs for op, _, _ in r["records"][0]}
-        gathered = "you call " + ", ".join(sorted(ops)) if ops else "you call no collective"
-        fail(ZERO_HINTS, "not_gathered", f"{label}: the replicas differ after the step ({gathered}); rank 1 differs from rank 0 "
-              f"at {(rs[1]['final'] != rs[0]['final']).sum().item()} elements.", n)
-    final, initial = rs[0]["final"], rs[0]["initial"]
-    bad = (~torch.isclose(final, ref, **WEIGHT_TOL)).nonzero().flatten()
-    if torch.equal(final[bad], initial[bad]):
-        fail(ZERO_HINTS, "lost_elements", f"{label}: {bad.numel()} element(s) were never updated, first at index "
-              f"{bad[0].item()} of {final.numel()}.", n)
-    fail(ZERO_HINTS, "wrong", f"{label}: flat_param differs from DDP's at {bad.numel()} of {final.numel()} elements, first at "
-          f"index {bad[0].item()}: got {final[bad[0]].item():.6g}, DDP {ref[bad[0]].item():.6g}.", n)
+    step = case["steps"][0]
+    records, cut = step["records"], step["after_backward"]
+    ops = [op for op, _, _ in records]
+    if "all_reduce" in ops:
+        fail(ZERO_HINTS, "all_reduce", f"{label}: your step calls {sorted(set(ops))}.", n)
+    during = [(j, payload) for j, (op, payload, _) in enumerate(records[:cut]) if op in REDUCE_SCATTER]
+    after = [op for op in ops[cut:] if op in REDUCE_SCATTER]
+    if after:
+        fail(ZERO_HINTS, "after_backward", f"{label}: {len(after)} reduce-scatter(s) issued after backward had "
+             f"finished, {len(during)} during it.", n)
+    want = [4 * c * n for c in chunks]
+    if [p for _, p in during] != want:
+        fail(ZERO_HINTS, "bucket_size", f"{label}: during backward you reduce-scattered {[p for _, p in during]} "
+             f"bytes; the {len(buckets)} buckets of make_buckets are {want} bytes, padded to chunk * n numbers.", n)
+    if len(during) != cut:
+        others = [op for op in ops[:cut] if op not in REDUCE_SCATTER]
+        fail(ZERO_HINTS, "bytes", f"{label}: during backward you also called {others}.", n)
+    arrival = {i: k for k, (i, _, _) in enumerate(step["events"])}  # parameter index -> its place in backward
+    counts = [c for _, c, _ in step["events"]]
+    for b, ((j, _), bucket) in enumerate(zip(during, buckets)):
+        issued_after = max((k for k, c in enumerate(counts) if c <= j), default=-1)  # last gradient before it
+        due = max(arrival[i] for i in bucket)  # the bucket's last gradient
+        if issued_after != due:
+            fail(ZERO_HINTS, "late", f"{label}: bucket {b} ({[PARAM_NAMES[i] for i in bucket]}) was complete after "
+                 f"gradient {due + 1} of {len(counts)}, but its reduce-scatter came after gradient "
+                 f"{issued_after + 1}.", n)
+    gathered = sum(p for op, p, _ in records[cut:] if op in ALL_GATHER)
+    if not gathered:
+        fail(ZERO_HINTS, "not_gathered", f"{label}: after backward you called {ops[cut:] or 'no collective'}: the "
+             "updated chunks never reach the other ranks.", n)
+    if any(op not in ALL_GATHER for op in ops[cut:]) or gathered != sum(want):
+        fail(ZERO_HINTS, "bytes", f"{label}: after backward you called {ops[cut:] or 'nothing'} with "
+             f"{gathered:,} bytes of all-gather; the padded buckets are {sum(want):,} bytes.", n)
 
 
-def _judge_memory(state, psi, n):
-    """Adam keeps 8 bytes per element it updates: 8 x ceil(Ψ/n) at most on a rank that updates its shard."""
+def _judge_memory(case, buckets, chunks, n, label):
+    """Full gradients only for the buckets still open; chunks and Adam state of this rank's chunks only."""
     __tracebackhide__ = True
+    step, sizes = case["steps"][0], case["sizes"]
+    arrival = {i: k for k, (i, _, _) in enumerate(step["events"])}
+    closes = {i: max(arrival[j] for j in bucket) for bucket in buckets for i in bucket}  # reduced after this
+    for k, (i, _, live) in enumerate(step["events"]):
+        allowed = 4 * sum(sizes[j] for j, a in arrival.items() if a <= k and closes[j] >= k)
+        if live > allowed:
+            fail(ZERO_HINTS, "full_grads_kept", f"{label}: when gradient {k + 1} ({PARAM_NAMES[i]}) appeared, "
+                 f"{live:,} bytes of full gradients (p.grad) were alive; the buckets still open hold {allowed:,}.", n)
+    if step["live_after"]:
+        fail(ZERO_HINTS, "full_grads_kept", f"{label}: after backward {step['live_after']:,} bytes of full gradients "
+             "(p.grad) are still alive; ZeRO-2 keeps none.", n)
+    shapes = [tuple(s.shape) if s is not None else None for s in step["shards"]]
+    if shapes != [(c,) for c in chunks]:
+        fail(ZERO_HINTS, "grad_shard_shape", f"{label}: self.grad_shards after backward have shapes {shapes}; "
+             f"expected {[(c,) for c in chunks]}.", n)
+    state, psi, own = case["state_bytes"], sum(sizes), 8 * sum(chunks)
     if n > 1 and state >= 8 * psi:
-        fail(ZERO_HINTS, "state_not_sharded", f"a rank holds {state:,} bytes of optimizer state, DDP's 8 x Ψ = {8 * psi:,}, "
-              f"not about 1/{n} of it ({8 * psi / n:,.0f}).", n)
-    if state == 0:
-        fail(ZERO_HINTS, "state_hidden", "the `state` dict holds no tensor after the steps.", n)
-    if state > 8 * -(-psi // n):
-        fail(ZERO_HINTS, "state_not_sharded", f"a rank holds {state:,} bytes of optimizer state, more than 8 bytes x its shard "
-              f"of ceil(Ψ/n) = {-(-psi // n):,} elements.", n)
+        fail(ZERO_HINTS, "state_not_sharded", f"{label}: a rank holds {state:,} bytes of Adam state, DDP's 8Ψ = "
+             f"{8 * psi:,}, not its chunks' {own:,}.", n)
+    if state > own:
+        fail(ZERO_HINTS, "state_not_sharded", f"{label}: a rank holds {state:,} bytes of Adam state, more than 8 bytes "
+             f"x its chunks ({own:,}).", n)
 
 
-def _judge_bytes(stage, records, ranks, psi, n):
-    """Wire bytes of one step against 3(n-1)/n x 4Ψ (ZeRO-1) or 2(n-1)/n x 4Ψ (ZeRO-2), + padding."""
+def _judge_values(ranks, bucket_numel, buckets, chunks, n, lr, label):
     __tracebackhide__ = True
-    ops = sorted({op for op, _, _ in records})
-    if stage == 2 and "all_reduce" in ops:
-        fail(ZERO_HINTS, "zero2_all_reduce", f"zero2_step calls {ops}.", n)
-    wire = max(sum(w for _, _, w in r["model"]["records"][0]) for r in ranks)
-    factor = 3 if stage == 1 else 2
-    low = factor * (n - 1) / n * 4 * psi
-    high = low + stage * (n - 1) / n * 4 * (n - 1)  # ZeRO-1 pads 1 collective, ZeRO-2 2, by n-1 elements at most
-    formula = f"{factor}(n-1)/n x 4Ψ = {low:,.0f}"
-    if not low - 1e-6 <= wire <= high + 1e-6:
-        breakdown = ", ".join(f"{op} {payload:,} B" for op, payload, _ in records)
-        fail(ZERO_HINTS, "bytes", f"a rank sent {wire:,.0f} bytes in one step ({breakdown or 'no collective'}); the formula is "
-              f"{formula} bytes (+ padding, up to {high:,.0f}).", n)
-    return ops, wire, formula
+    cases = [r[bucket_numel] for r in ranks]
+    for rank, case in enumerate(cases):  # the gradient chunks of the first step, against DDP's mean
+        step = case["steps"][0]
+        pieces = step["mean"].split(case["sizes"])
+        for b, (bucket, chunk) in enumerate(zip(buckets, chunks)):
+            want = F.pad(torch.cat([pieces[i] for i in bucket]), (0, chunk * n - sum(case["sizes"][i] for i in bucket)))
+            want, got = want[rank * chunk:(rank + 1) * chunk], step["shards"][b]
+            if not close(got, want, GRAD_TOL):
+                if n > 1 and close(got, want * n, GRAD_TOL):
+                    fail(ZERO_HINTS, "not_divided", f"{label}: rank {rank}'s chunk of bucket {b} is n = {n} times "
+                         "DDP's mean gradient.", n)
+                fail(ZERO_HINTS, "wrong_grads", f"{label}: rank {rank}'s chunk of bucket {b} differs from DDP's mean "
+                     f"gradient (max diff {(got - want).abs().max().item():.2e}).", n)
+    if any(not torch.equal(c["final"], cases[0]["final"]) for c in cases):
+        fail(ZERO_HINTS, "not_gathered", f"{label}: the replicas differ after the steps.", n)
+    case = cases[0]
+    if case["state_bytes"] == 0 and close(case["final"], case["ref"], WEIGHT_TOL):
+        fail(ZERO_HINTS, "state_hidden", f"{label}: the parameters are right, but self.states holds no tensor.", n)
+    if any(s != len(case["steps"]) for s in case["state_steps"]):
+        fail(ZERO_HINTS, "state_reset", f"{label}: after {len(case['steps'])} steps Adam's step counters are "
+             f"{case['state_steps']}.", n)
+    step = case["steps"][0]
+    moved = (step["after"] - step["before"]).abs()[step["mean"].abs() > 1e-6]
+    if moved.numel() and not 0.9 * lr <= moved.median().item() <= 1.1 * lr:
+        fail(ZERO_HINTS, "lr_ignored", f"{label}: Adam's first step moves each parameter by lr = {lr:g}; yours moved "
+             f"them by {moved.median().item():.3g} (median).", n)
+    if not close(case["final"], case["ref"], WEIGHT_TOL):
+        bad = (~torch.isclose(case["final"], case["ref"], **WEIGHT_TOL)).nonzero().flatten()
+        fail(ZERO_HINTS, "wrong", f"{label}: the parameters differ from DDP's at {bad.numel()} of "
+             f"{case['final'].numel()} numbers, first at index {bad[0].item()}.", n)
+    return max((c["final"] - c["ref"]).abs().max().item() for c in cases)
 
 
-def _check_zero(stage, step_fn, shard_bounds, world_sizes, steps, timeout):
+def _timeline(case, buckets):
+    step = case["steps"][0]
+    calls = {}
+    for j, (op, payload, _) in enumerate(step["records"][: step["after_backward"]]):
+        k = max((k for k, (_, c, _) in enumerate(step["events"]) if c <= j), default=0)
+        calls.setdefault(k, []).append(f"{op} {payload:,} B")
+    lines = []
+    for k, (i, _, live) in enumerate(step["events"]):
+        lines.append(f"  grad {PARAM_NAMES[i]:<12} full grads alive {live:>7,} B"
+                     + "".join(f"\n    -> {call}" for call in calls.get(k, [])))
+    lines.append(f"  end of backward: full grads alive {step['live_after']:,} B; then step(): "
+                 + ", ".join(f"{op} {p:,} B" for op, p, _ in step["records"][step["after_backward"]:]))
+    return "\n".join(lines)
+
+
+def check_bucketed_zero2(cls, make_buckets, world_sizes=(2, 3), bucket_numels=(1_000, 5_000), steps=3, lr=CHECK_LR,
+                         timeout=60.0):
+    """Check ``cls(params, bucket_numel, lr)`` (gradient hooks, then ``.step()``) on ToyNet beside plain DDP.
+
+    First ``check_make_buckets(make_buckets)``. Then on each world size n, for each bucket size:
+    ``steps`` steps of 16 samples per rank of ``digits``. Demands: one reduce-scatter per bucket,
+    right after its last gradient; only all-gathers after backward; no full gradient outliving its
+    bucket; gradient chunks = DDP's mean; 8 bytes of Adam state per number of the rank's chunks; the
+    first step of size ``lr``; parameters equal to DDP's (``WEIGHT_TOL``).
+    """
     __tracebackhide__ = True
-    check_shard_bounds(shard_bounds, world_sizes=sorted(set(world_sizes) | {1, 2, 3, 4}))
+    if steps < 1 or not bucket_numels or min(bucket_numels) < 1:
+        raise ValueError(f"steps={steps}, bucket_numels={bucket_numels}: need at least one step and bucket sizes >= 1.")
+    check_make_buckets(make_buckets)
     x, y = digits()
-    lines, measured = [], {}
+    lines, measured, timeline = [], {}, ""
     for n in world_sizes:
         order = torch.randperm(len(x), generator=torch.Generator().manual_seed(n))
         batches = order[: steps * 16 * n].view(steps, 16 * n)  # (steps, 16n): 16 samples per rank per step
-        ranks = launch_answer(_zero_on_rank, (step_fn, x, y, batches, 0), n, timeout, f"zero{stage}_step",
-                        ZERO_HINTS["deadlock"])
+        ranks = launch_answer(_zero2_on_rank, (cls, x, y, batches, tuple(bucket_numels), lr, steps), n, timeout,
+                              cls.__name__, ZERO_HINTS["deadlock"])
         raise_if_error(first_error(ranks), n, ZERO_HINTS, ERROR_PHRASES)
-        unit_diff = _judge_values("unit", ranks, n, f"one step on {4 * n + 1} elements")
-        diff = _judge_values("model", ranks, n, f"{steps} Adam steps of ToyNet on digits")
-        psi = ranks[0]["model"]["final"].numel()
-        state = max(r["model"]["state_bytes"] for r in ranks)
-        _judge_memory(state, psi, n)
-        records = ranks[0]["model"]["records"][0]
-        ops, wire, formula = _judge_bytes(stage, records, ranks, psi, n)
-        measured[n] = {"psi": psi, "state_bytes": state, "wire_bytes": wire, "ops": ops, "max_diff": diff}
-        lines.append(f"world_size={n}: params = DDP after 2 steps on {4 * n + 1} elements (max diff {unit_diff:.1e}) "
-                     f"and {steps} Adam steps of ToyNet (max diff {diff:.1e}); optimizer state {state:,} B per rank "
-                     f"(max) = 1/{n} of DDP's {8 * psi:,} + padding; sent {wire:,.0f} B per step "
-                     f"({' + '.join(ops)}), formula {formula}")
-    return ZeroCheckResult(f"zero{stage}_step", lines, measured)
-
-
-def check_zero1(zero1_step, shard_bounds, world_sizes=(2, 4), steps=3, timeout=60.0):
-    """Check ``zero1_step(flat_param, flat_grad, state, lr)``: all-reduce, Adam on this rank's shard, all-gather.
-
-    First ``check_shard_bounds(shard_bounds)``. Then on each world size n: two steps on a vector of
-    4n + 1 elements with integer gradients, and ``steps`` Adam steps of ``ToyNet`` (16 samples per
-    rank per step of ``digits``). Demands: parameters equal DDP's on every rank (``WEIGHT_TOL``),
-    Adam's state not n x DDP's (not divided), no more than 8 x ceil(Ψ/n) bytes of state per rank,
-    and 3(n-1)/n x 4Ψ wire bytes per step (+ padding).
-    """
-    __tracebackhide__ = True
-    return _check_zero(1, zero1_step, shard_bounds, world_sizes, steps, timeout)
-
-
-def check_zero2(zero2_step, shard_bounds, world_sizes=(2, 4), steps=3, timeout=60.0):
-    """Check ``zero2_step(flat_param, flat_grad, state, lr)``: reduce-scatter, Adam on the shard, all-gather.
-
-    As ``check_zero1``, but no all-reduce is allowed, and the bill is 2(n-1)/n x 4Ψ: DDP's.
-    """
-    __tracebackhide__ = True
-    return _check_zero(2, zero2_step, shard_bounds, world_sizes, steps, timeout)
+        for bucket_numel in bucket_numels:
+            case = ranks[0][bucket_numel]
+            sizes = case["sizes"]
+            buckets = expected_buckets(sizes, bucket_numel)
+            chunks = [-(-sum(sizes[i] for i in b) // n) for b in buckets]
+            label = f"bucket_numel={bucket_numel:,}"
+            for r in ranks:
+                _judge_comm(r[bucket_numel], buckets, chunks, n, label)
+                _judge_memory(r[bucket_numel], buckets, chunks, n, label)
+            diff = _judge_values(ranks, bucket_numel, buckets, chunks, n, lr, label)
+            m = {"psi": sum(sizes), "buckets": [sum(sizes[i] for i in b) for b in buckets],
+                 "reduce_scatters": len(buckets),
+                 "peak_grad_bytes": max(e[2] for r in ranks for e in r[bucket_numel]["steps"][0]["events"]),
+                 "grad_shard_bytes": sum(g.nbytes for g in case["steps"][0]["shards"]),
+                 "state_bytes": max(r[bucket_numel]["state_bytes"] for r in ranks),
+                 "wire_bytes": max(sum(w for _, _, w in r[bucket_numel]["steps"][0]["records"]) for r in ranks),
+                 "max_diff": diff}
+            measured[n, bucket_numel] = m
+            timeline = timeline or f"rank 0, world_size={n}, {label}, first step:\n" + _timeline(case, buckets)
+            lines.append(f"world_size={n}, {label}: {len(buckets)} reduce-scatters during backward, each right "
+                         f"after its bucket's last gradient; full gradients alive at most {m['peak_grad_bytes']:,} B "
+                         f"(DDP: 4Ψ = {4 * m['psi']:,}); Adam state {m['state_bytes']:,} B per rank; sent "
+                         f"{m['wire_bytes']:,.0f} B; params = DDP's after {steps} steps (max diff {diff:.1e})")
+    return ZeroCheckResult(cls.__name__, lines, measured, timeline)
