@@ -13,7 +13,7 @@ Each module holds one idea and names the notebook that derives it:
 - ``utils.ddp_notebook``: Lightning's ``ddp_notebook`` with its ranks forked from a fresh process, not the kernel
   (notebooks 02 and 08).
 - ``utils.memory``: bytes a rank holds (counted from tensors, or every live tensor) and the ZeRO
-  paper's formulas beside them (notebook 03).
+  paper's formulas beside them (notebook 03; used by 04 and 07).
 - ``utils.adam``: Adam's update rule written out, ``adam_update`` (lesson 03, lab 03 and its checker).
 - ``utils.checkers``: the labs' checkers, one module per lab named like ``labs/solutions/``: ``common``
   (``LabCheckFailed``, ``CheckResult``, ``fail``, tolerances), ``ring_all_reduce`` (lab 01), ``ddp``
@@ -23,8 +23,8 @@ Each module holds one idea and names the notebook that derives it:
   bubble formula and the plan checks (notebook 06).
 - ``utils.timeline``: ``run_stage``, a schedule run on stage ranks that records every op, and
   ``draw_gantt`` (notebook 06).
-- ``utils.deepspeed_cpu``: DeepSpeed without compiling a C++ op, its slow imports done once in the
-  kernel (notebooks 03 and 07).
+- ``utils.deepspeed_cpu``: DeepSpeed set up in one call, ``import_deepspeed(WORLD_SIZE)``, with no C++ op
+  compiled and its slow imports done once in the kernel (notebook 07).
 - ``utils.ds_schema``: what the installed DeepSpeed accepts in its config, learned from DeepSpeed (notebook 07).
 - ``utils.ds_config``: ``check_config``, every problem of a DeepSpeed config at every level (notebook 07).
 
