@@ -211,7 +211,8 @@ def check_ddp(ddp_class, world_sizes=(2, 3), steps=3, caps=CAPS, lr=0.2, timeout
         for i, cap in enumerate(caps):
             runs = [r[i] for r in per_rank if i < len(r)]
             error = first_error(runs)
-            if error and "after_broadcast" not in runs[error[0]]:  # raised while building: a hook, a broadcast
+            erring = next((r for r in runs if r.get("error")), None)
+            if erring and "after_broadcast" not in erring:  # raised while building: a hook, a broadcast
                 raise_if_error(error, n, HINTS, phrases=[("does not require grad", "frozen_reduced"),
                                                          ("doesn't require grad", "frozen_reduced")])
             start = runs[0]["initial"]
