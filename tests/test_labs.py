@@ -13,162 +13,285 @@ import torch.distributed as dist
 
 from lab_grading import expect_rejection
 from notebook_runner import ROOT
-from utils.checkers.ddp import check_ddp
-from utils.checkers.ring_all_reduce import check_ring_all_reduce
+from utils.checkers.ddp import check_ddp, expected_buckets
+from utils.checkers.halving_doubling import check_halving_doubling, plan
+from utils.models import ToyNet
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
-from solutions.ddp import average_gradients, broadcast_parameters  # noqa: E402
-from solutions.ring_all_reduce import ring_all_reduce  # noqa: E402
+from solutions.ddp import BucketedDDP  # noqa: E402
+from solutions.halving_doubling import halving_doubling_all_reduce  # noqa: E402
 
 
-# ------------------------------------------------------------------ ring all-reduce: wrong answers
+# ------------------------------------------------------------------ lab 01, halving and doubling: wrong answers
+# Each gets the right sums (or nearly), the wrong way; the world sizes are those where the mistake shows.
 
-def _exchange(send, recv, right, left):
-    reqs = [dist.isend(send, right), dist.irecv(recv, left)]
-    for req in reqs:
-        req.wait()
+def _swap(send, peer, recv, blocking=False):
+    if blocking:  # both partners send first: each waits for a recv the other has not posted
+        dist.send(send, peer)
+        dist.recv(recv, peer)
+        return
+    works = ([dist.isend(send, peer)] if send.numel() else []) + ([dist.irecv(recv, peer)] if recv.numel() else [])
+    for work in works:
+        work.wait()
 
 
-def ring_passing_whole_tensors(tensor):
-    """Correct sums, but each step sends the whole tensor: (n-1) x numel per rank instead of 2(n-1)/n."""
+def _rhd(tensor, doubling=True, blocking=False, average=False, lose_odd=False):
+    """Recursive halving and doubling on a power of two of ranks (no fold), with one mistake switched on."""
     rank, n = dist.get_rank(), dist.get_world_size()
-    passing, total = tensor.clone(), tensor.clone()
-    for _ in range(n - 1):
-        incoming = torch.empty_like(passing)
-        _exchange(passing, incoming, (rank + 1) % n, (rank - 1) % n)
-        total += incoming
-        passing = incoming
-    tensor.copy_(total)
+    flat, lo, hi, parents, d = tensor.view(-1), 0, tensor.numel(), [], n // 2
+    while d >= 1:
+        half = (hi - lo) // 2 if lose_odd else (hi - lo + 1) // 2  # lose_odd: an odd segment's last element
+        mid, end = lo + half, (lo + 2 * half if lose_odd else hi)  # belongs to neither half
+        parents.append((lo, end))
+        keep, give = ((lo, mid), (mid, end)) if rank & d == 0 else ((mid, end), (lo, mid))
+        incoming = torch.empty(keep[1] - keep[0], dtype=flat.dtype)
+        _swap(flat[give[0]:give[1]], rank ^ d, incoming, blocking)
+        flat[keep[0]:keep[1]] += incoming
+        lo, hi, d = keep[0], keep[1], d // 2
+    d = 1
+    while doubling and d < n:
+        plo, phi = parents.pop()
+        other = (hi, phi) if lo == plo else (plo, lo)
+        _swap(flat[lo:hi].clone(), rank ^ d, flat[other[0]:other[1]])
+        lo, hi, d = plo, phi, d * 2
+    if average:  # integer tensors: floor division, what a learner's `//` would do
+        tensor.copy_(tensor / n if tensor.is_floating_point() else tensor // n)
 
 
-def _ring(tensor, chunks, all_gather=True, blocking=False, average=False):
+def halving_only(tensor):
+    _rhd(tensor, doubling=False)
+
+
+def blocking_exchange(tensor):
+    _rhd(tensor, blocking=True)
+
+
+def averaging(tensor):
+    _rhd(tensor, average=True)
+
+
+def halves_losing_odd_elements(tensor):
+    _rhd(tensor, lose_odd=True)
+
+
+def without_fold(tensor):  # right on 2 and 4 ranks; on 3, rank 2's partner 2 ^ 1 = 3 does not exist
+    _rhd(tensor)
+
+
+def whole_tensor_doubling(tensor):
+    """Right sums in log2 n steps, the right partners, but the whole tensor every step: log2(n) tensors per rank."""
+    rank, n, d = dist.get_rank(), dist.get_world_size(), 1
+    while d < n:
+        incoming = torch.empty_like(tensor)
+        _swap(tensor.clone(), rank ^ d, incoming)
+        tensor += incoming
+        d *= 2
+
+
+def ring(tensor):
+    """Lesson 01's ring: right sums and bytes, 2(n-1) messages to rank + 1."""
     rank, n = dist.get_rank(), dist.get_world_size()
-    right, left = (rank + 1) % n, (rank - 1) % n
+    chunks, right, left = torch.tensor_split(tensor.view(-1), n), (rank + 1) % n, (rank - 1) % n
     for step in range(n - 1):
         send, recv = chunks[(rank - step) % n], chunks[(rank - step - 1) % n]
         incoming = torch.empty_like(recv)
-        if blocking:  # every rank sends first: each waits for a recv nobody has posted
-            dist.send(send, right)
-            dist.recv(incoming, left)
-        else:
-            _exchange(send, incoming, right, left)
+        works = [dist.isend(send, right), dist.irecv(incoming, left)]
+        [w.wait() for w in works]
         recv += incoming
-    for step in range(n - 1 if all_gather else 0):
-        _exchange(chunks[(rank + 1 - step) % n], chunks[(rank - step) % n], right, left)
-    if average:
-        tensor /= n
+    for step in range(n - 1):
+        works = [dist.isend(chunks[(rank + 1 - step) % n], right), dist.irecv(chunks[(rank - step) % n], left)]
+        [w.wait() for w in works]
 
 
-def ring_off_by_one(tensor):
-    """Chunks of numel // n elements: the last numel % n elements belong to no chunk."""
-    n, size = dist.get_world_size(), tensor.numel() // dist.get_world_size()
-    _ring(tensor, [tensor.view(-1)[i * size:(i + 1) * size] for i in range(n)])
+def gather_to_root(tensor):
+    """Right sums: everyone sends to rank 0, which adds and sends the sum back to each."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if rank:
+        dist.send(tensor, 0)
+        dist.recv(tensor, 0)
+        return
+    incoming = torch.empty_like(tensor)
+    for src in range(1, n):
+        dist.recv(incoming, src)
+        tensor += incoming
+    for dst in range(1, n):
+        dist.send(tensor, dst)
 
 
-def ring_blocking_send(tensor):
-    _ring(tensor, torch.tensor_split(tensor.view(-1), dist.get_world_size()), blocking=True)
-
-
-def ring_reduce_scatter_only(tensor):
-    _ring(tensor, torch.tensor_split(tensor.view(-1), dist.get_world_size()), all_gather=False)
-
-
-def ring_averaging(tensor):
-    _ring(tensor, torch.tensor_split(tensor.view(-1), dist.get_world_size()), average=True)
-
-
-def ring_calling_all_reduce(tensor):
+def calling_all_reduce(tensor):
     dist.all_reduce(tensor)
 
 
-def ring_stub(tensor):
-    raise NotImplementedError("ring_all_reduce: not written yet")
+def stub(tensor):
+    raise NotImplementedError("halving_doubling_all_reduce: not written yet")
 
 
-def test_ring_reference_passes():
-    result = check_ring_all_reduce(ring_all_reduce, world_sizes=(2, 3, 4))
-    assert "2(n-1)/n = 1.5000" in str(result)
+def test_halving_doubling_reference_passes():
+    result = check_halving_doubling(halving_doubling_all_reduce, world_sizes=(2, 3, 4, 5, 6))
+    assert "world_size=6" in str(result) and "(formula 10.0000)" in str(result), result  # 2(p-1) + 2 rem, p=4
+
+
+def test_plan_counts_messages_and_partners():
+    assert plan(4) == {0: ({1, 2}, 4, 1.5), 1: ({0, 3}, 4, 1.5), 2: ({3, 0}, 4, 1.5), 3: ({2, 1}, 4, 1.5)}
+    assert plan(3) == {0: ({1}, 1, 1.0), 1: ({0, 2}, 3, 2.0), 2: ({1}, 2, 1.0)}
 
 
 @pytest.mark.parametrize("wrong, world_sizes, mistake, phrase", [
-    (ring_passing_whole_tensors, (2, 3), "too_many_bytes", "ONE chunk"),
-    (ring_off_by_one, (3,), "uncovered", "never summed"),
-    (ring_reduce_scatter_only, (2,), "reduce_scatter_only", "all-gather"),
-    (ring_reduce_scatter_only, (4,), "reduce_scatter_only", "all-gather"),
-    (ring_averaging, (2,), "averaged", "do not divide"),
-    (ring_calling_all_reduce, (2,), "used_collective", "point-to-point"),
+    (ring, (4,), "too_many_messages", "2 log2 p"),
+    (ring, (3,), "too_many_messages", "2 log2 p"),
+    (gather_to_root, (4,), "wrong_partner", "v XOR d"),
+    (gather_to_root, (3,), "too_many_messages", "2 log2 p"),
+    (whole_tensor_doubling, (4,), "too_many_bytes", "HALF of the segment"),
+    (halving_only, (4,), "doubling_missing", "recursive-doubling"),
+    (halves_losing_odd_elements, (2,), "uncovered", "never summed"),
+    (averaging, (2,), "averaged", "do not divide"),
+    (calling_all_reduce, (2,), "used_collective", "point-to-point"),
+    (without_fold, (2, 3), "not_power_of_two", "fold the extra ranks"),
 ], ids=lambda v: getattr(v, "__name__", None))
-def test_ring_rejects(wrong, world_sizes, mistake, phrase):
-    expect_rejection(check_ring_all_reduce, wrong, world_sizes=world_sizes, mistake=mistake, phrase=phrase)
+def test_halving_doubling_rejects(wrong, world_sizes, mistake, phrase):
+    expect_rejection(check_halving_doubling, wrong, world_sizes=world_sizes, timeout=10, mistake=mistake,
+                     phrase=phrase)
 
 
-def test_ring_rejects_deadlock():
-    expect_rejection(check_ring_all_reduce, ring_blocking_send, world_sizes=(2,), timeout=5, mistake="deadlock", phrase="waits for the matching recv")
+def test_halving_doubling_rejects_deadlock():
+    expect_rejection(check_halving_doubling, blocking_exchange, world_sizes=(2,), timeout=5, mistake="deadlock",
+                     phrase="waits for the matching recv")
 
 
-def test_ring_stub_raises_its_own_error():
+def test_halving_doubling_stub_raises_its_own_error():
     with pytest.raises(NotImplementedError, match="not written yet"):
-        check_ring_all_reduce(ring_stub, world_sizes=(2,))
+        check_halving_doubling(stub, world_sizes=(2,))
 
 
-# ------------------------------------------------------------------ DDP: wrong answers
+# ------------------------------------------------------------------ lab 02, bucketed DDP: wrong answers
+# Variations of the reference, each with one mistake; most get the right gradients the wrong way.
 
-def average_without_dividing(model):
-    for p in model.parameters():
-        if p.grad is not None:
-            dist.all_reduce(p.grad)
+class AfterBackwardPerTensor(BucketedDDP):
+    """Lesson 02's DDP in a class: no hooks, every gradient all-reduced on its own after backward."""
 
+    def __init__(self, model, bucket_cap_bytes):
+        self.model, self.n = model, dist.get_world_size()
+        with torch.no_grad():
+            for t in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(t, 0)
 
-def average_frozen_too(model):  # p.grad is None for the frozen parameter: crashes
-    for p in model.parameters():
-        dist.all_reduce(p.grad)
-        p.grad /= dist.get_world_size()
-
-
-def average_frozen_zeros(model):  # no crash, but reduces zeros for the frozen parameter
-    for p in model.parameters():
-        grad = p.grad if p.grad is not None else torch.zeros_like(p)
-        dist.all_reduce(grad)
-        grad /= dist.get_world_size()
+    def finish(self):
+        for p in self.model.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad /= self.n
 
 
-def average_tied_twice(model):
-    for _, p in model.named_parameters(remove_duplicate=False):
-        if p.grad is not None:
-            dist.all_reduce(p.grad)
-            p.grad /= dist.get_world_size()
+class BucketsLaunchedInFinish(BucketedDDP):
+    """The right buckets, but all launched after backward (a hook that only counts)."""
+
+    def _grad_ready(self, param):
+        pass
+
+    def finish(self):
+        for i, bucket in enumerate(self.buckets):
+            flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+            self.pending[i] = (flat, dist.all_reduce(flat, async_op=True))
+        super().finish()
 
 
-def broadcast_parameters_only(model):
-    for p in model.parameters():
-        dist.broadcast(p.data, src=0)
+class OneBucketWhateverTheCap(BucketedDDP):
+    def __init__(self, model, bucket_cap_bytes):
+        super().__init__(model, 1 << 30)
 
 
-def broadcast_nothing(model):
-    pass
+class BlockingInHook(BucketedDDP):
+    def _grad_ready(self, param):
+        i = self.bucket_of[id(param)]
+        self.missing[i] -= 1
+        if self.missing[i] == 0:
+            flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]])
+            dist.all_reduce(flat)  # waits here, inside backward
+            self.pending[i] = (flat, dist.barrier(async_op=True))  # something to wait on
 
 
-def broadcast_trainable_only(model):
-    for p in model.parameters():
-        if p.requires_grad:
-            dist.broadcast(p.data, src=0)
-    for b in model.buffers():
-        dist.broadcast(b, src=0)
+class NotDivided(BucketedDDP):
+    def __init__(self, model, bucket_cap_bytes):
+        super().__init__(model, bucket_cap_bytes)
+        self.n = 1
+
+
+class NeverReset(BucketedDDP):
+    def finish(self):
+        new_step, self._new_step = self._new_step, lambda: None  # forgets to reset after the first step
+        super().finish()
+        self._new_step = new_step
+
+
+class TiedTwice(BucketedDDP):
+    """Buckets from named_parameters(remove_duplicate=False): the tied weight in a bucket twice, hooked twice."""
+
+    def __init__(self, model, bucket_cap_bytes):
+        self.n = dist.get_world_size()
+        with torch.no_grad():
+            for t in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(t, 0)
+        params = [p for _, p in model.named_parameters(remove_duplicate=False) if p.requires_grad][::-1]
+        self.buckets = [params]  # one bucket: ignores the cap too, but the bytes show first
+        self.bucket_of = {id(p): 0 for p in params}
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._grad_ready)
+        self._new_step()
+
+
+class HooksOnFrozenToo(BucketedDDP):
+    def __init__(self, model, bucket_cap_bytes):
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(lambda p: None)  # torch refuses on input_scale
+        super().__init__(model, bucket_cap_bytes)
+
+
+class BroadcastParametersOnly(BucketedDDP):
+    def __init__(self, model, bucket_cap_bytes):
+        buffers = {k: b.clone() for k, b in model.named_buffers()}
+        super().__init__(model, bucket_cap_bytes)
+        with torch.no_grad():
+            for k, b in model.named_buffers():
+                b.copy_(buffers[k])  # as if buffers had been left out of the broadcast
+
+
+class Stub:
+    def __init__(self, model, bucket_cap_bytes):
+        raise NotImplementedError("BucketedDDP: not written yet")
 
 
 def test_ddp_reference_passes():
-    result = check_ddp(broadcast_parameters, average_gradients, world_sizes=(2, 4), steps=3)
-    assert "world_size=4" in str(result)
+    result = check_ddp(BucketedDDP, world_sizes=(2, 3, 4, 5, 6), steps=2)
+    assert "cap 4,096 B: 2 bucket(s)" in str(result) and "world_size=6" in str(result), result
 
 
-@pytest.mark.parametrize("broadcast, average, mistake, phrase", [
-    (broadcast_parameters, average_without_dividing, "not_divided", "divide by dist.get_world_size()"),
-    (broadcast_parameters, average_frozen_too, "frozen_reduced", "skip it"),
-    (broadcast_parameters, average_frozen_zeros, "frozen_reduced", "skip it"),
-    (broadcast_parameters, average_tied_twice, "tied_twice", "remove_duplicate=False"),
-    (broadcast_parameters_only, average_gradients, "buffers", "buffers"),
-    (broadcast_nothing, average_gradients, "no_broadcast", "src=0"),
-    (broadcast_trainable_only, average_gradients, "frozen_not_broadcast", "trainable or not"),
+def test_expected_buckets_follow_the_cap():
+    model = ToyNet()
+    assert expected_buckets(model, 1 << 20) == [36_136]
+    assert expected_buckets(model, 4096) == [19_496, 16_640]
+    assert expected_buckets(model, 1) == [40, 2560, 256, 256, 16_384, 256, 16_384]
+
+
+def test_bucketed_ddp_rejects_a_bad_cap():
+    with pytest.raises(ValueError, match="bucket_cap_bytes=0"):
+        BucketedDDP(ToyNet(), 0)  # raises before any communication
+
+
+@pytest.mark.parametrize("wrong, world_sizes, mistake, phrase", [
+    (AfterBackwardPerTensor, (2,), "not_bucketed", "one flat tensor"),
+    (BucketsLaunchedInFinish, (2,), "after_backward", "during backward"),
+    (OneBucketWhateverTheCap, (3,), "buckets", "honour the cap"),
+    (BlockingInHook, (2,), "blocking", "async_op=True"),
+    (NotDivided, (3,), "not_divided", "divide by dist.get_world_size()"),
+    (NeverReset, (2,), "not_reset", "reset what each bucket waits for"),
+    (TiedTwice, (2,), "tied_twice", "remove_duplicate=False"),
+    (HooksOnFrozenToo, (2,), "frozen_reduced", "requires_grad"),
+    (BroadcastParametersOnly, (2,), "buffers", "buffers"),
 ], ids=lambda v: getattr(v, "__name__", None))
-def test_ddp_rejects(broadcast, average, mistake, phrase):
-    expect_rejection(check_ddp, broadcast, average, world_sizes=(2,), steps=2, mistake=mistake, phrase=phrase)
+def test_ddp_rejects(wrong, world_sizes, mistake, phrase):
+    expect_rejection(check_ddp, wrong, world_sizes=world_sizes, steps=2, mistake=mistake, phrase=phrase)
+
+
+def test_ddp_stub_raises_its_own_error():
+    with pytest.raises(NotImplementedError, match="not written yet"):
+        check_ddp(Stub, world_sizes=(2,), steps=1)

@@ -1,9 +1,15 @@
-"""The checker of lab 02 (data parallelism from scratch): broadcast and gradient averaging, checked on ranks.
+"""The checker of lab 02 (bucketed DDP): gradient buckets all-reduced from hooks during backward, checked on ranks.
 
 Used by ``labs/02_ddp_lab.ipynb``, which derives what is checked here. Same conventions as every lab
-(``utils.checkers.common``). Two kinds of evidence: **values**, compared with one process training on the
-global batch (n times the mean gradient means a forgotten division), and **bytes**, from ``CommLedger``
-(a gradient reduced twice gives the right values and the wrong bill).
+(``utils.checkers.common``). The right numbers are not enough: lesson 02's DDP, which all-reduces every
+gradient after backward, gets them too. So three kinds of evidence:
+
+- **the pattern**, from ``AllReduceLog`` below: how many all-reduces each step, of how many bytes each
+  (the buckets ``expected_buckets`` computes from the cap), whether they were issued *during* backward
+  (from the hooks) and asynchronously, and the same again at every step;
+- **bytes**, from ``CommLedger``: a frozen or tied tensor reduced anyway shows as its exact size in extra bytes;
+- **values**, compared with one process training on the global batch (n times the mean gradient means a
+  forgotten division).
 """
 
 import torch
@@ -16,25 +22,74 @@ from ..ledger import CommLedger
 from ..models import ToyNet
 from .common import GRAD_TOL, WEIGHT_TOL, CheckResult, LabCheckFailed, caught, close, first_error, launch_answer, raise_if_error
 
-DDP_HINTS = {
-    "deadlock": "some rank makes a collective call that the others skip (a condition that differs between ranks?).",
-    "no_broadcast": "each rank built its model from its own random seed: call dist.broadcast(tensor, src=0) on "
-                    "every parameter in broadcast_parameters, so all replicas start from rank 0's weights.",
+CAPS = (1 << 20, 4096, 1)  # bytes: one bucket for all of ToyNet; two; one per gradient (7)
+
+HINTS = {
+    "deadlock": "some rank makes a collective call that the others skip (a bucket launched on one rank only?), or "
+                "waits on a work that was never launched.",
+    "no_broadcast": "each rank built its model from its own random seed: in __init__, dist.broadcast(tensor, src=0) "
+                    "every parameter, so all replicas start from rank 0's weights.",
     "frozen_not_broadcast": "a frozen parameter (requires_grad=False, here input_scale) gets no gradient but is "
                             "still state: broadcast every parameter, trainable or not.",
     "buffers": "buffers (model.buffers(): running statistics, here input_shift) are state too: broadcast them as "
                "well as the parameters.",
-    "frozen_reduced": "a frozen parameter (requires_grad=False) has .grad None: skip it (if p.grad is None: "
-                      "continue) instead of all-reducing it or a zero tensor.",
-    "tied_twice": "a tied weight (mix2.weight is mix1.weight) is ONE tensor: iterate model.parameters(), which "
-                  "lists it once, not named_parameters(remove_duplicate=False).",
+    "frozen_reduced": "a frozen parameter (requires_grad=False) has no gradient: put only parameters with "
+                      "requires_grad in buckets, and hook only those (torch refuses a hook on the others).",
+    "tied_twice": "a tied weight (mix2.weight is mix1.weight) is ONE tensor: build the buckets from "
+                  "model.parameters(), which lists it once, not named_parameters(remove_duplicate=False).",
+    "not_bucketed": "one all-reduce per gradient pays the fixed cost of a call once per tensor: pack the gradients "
+                    "of a bucket into one flat tensor (torch.cat of p.grad.reshape(-1)) and all-reduce that, once "
+                    "per bucket.",
+    "buckets": "fill buckets with the trainable parameters in reverse order of model.parameters(), and start a new "
+               "bucket when the current one already holds bucket_cap_bytes or more: honour the cap you are given.",
+    "not_reset": "the first step was right, a later one was not: in finish(), reset what each bucket waits for "
+                 "(its count of missing gradients, its pending work), ready for the next backward.",
+    "after_backward": "launch a bucket's all-reduce from the hook that completes it (register_post_accumulate_grad_"
+                      "hook), during backward, so that it overlaps the rest of backward; finish() only waits.",
+    "blocking": "dist.all_reduce(flat) blocks backward until the bytes have travelled: pass async_op=True, keep the "
+                "work it returns, and work.wait() in finish().",
     "not_divided": "all_reduce sums the gradients; divide by dist.get_world_size() to get the mean, which is the "
                    "gradient of the loss on the global batch.",
-    "not_reduced": "the gradients still differ between ranks: all-reduce every gradient (dist.all_reduce(p.grad)).",
-    "wrong_gradients": "after average_gradients every gradient must equal the mean of the ranks' gradients.",
-    "bytes": "reduce each trainable gradient once, through dist.all_reduce (so that CommLedger sees it).",
+    "not_reduced": "the gradients still differ between ranks: after waiting, copy each bucket's averaged slices back "
+                   "into p.grad (flat.split([p.numel() ...]), then p.grad.copy_(slice.view_as(p))).",
+    "wrong_gradients": "after finish() every gradient must equal the mean of the ranks' gradients: check which "
+                       "slice of the flat bucket goes back into which p.grad.",
     "diverged": "the weights drift from single-process training: check that nothing else changes the weights.",
 }
+
+
+class AllReduceLog:
+    """Inside a rank: note every ``dist.all_reduce`` as (bytes, async_op, issued during backward?).
+
+    The rank function sets ``in_backward`` around ``loss.backward()``. Enter it inside a ``CommLedger``.
+    """
+
+    in_backward = False
+
+    def __enter__(self):
+        self.calls, self._saved = [], dist.all_reduce
+
+        def all_reduce(tensor, *args, **kwargs):
+            async_op = kwargs.get("async_op", args[2] if len(args) > 2 else False)
+            self.calls.append((tensor.numel() * tensor.element_size(), bool(async_op), self.in_backward))
+            return self._saved(tensor, *args, **kwargs)
+
+        dist.all_reduce = all_reduce
+        return self
+
+    def __exit__(self, *exc):
+        dist.all_reduce = self._saved
+        return False
+
+
+def expected_buckets(model, cap):
+    """Bytes of each bucket: trainable parameters in reverse order, a bucket closed once it holds >= cap bytes."""
+    sizes = [0]
+    for p in [p for p in model.parameters() if p.requires_grad][::-1]:
+        if sizes[-1] >= cap:
+            sizes.append(0)
+        sizes[-1] += p.numel() * p.element_size()
+    return sizes
 
 
 def _state(model):
@@ -45,31 +100,36 @@ def _max_diff(a, b):
     return max((a[k].double() - b[k].double()).abs().max().item() for k in b)
 
 
-def _ddp_on_rank(broadcast_parameters, average_gradients, x, y, batches, lr, seed):
-    """Runs on every rank: a different random init per rank, broadcast, then SGD on a shard."""
+def _on_rank(ddp_class, x, y, batches, lr, seed, caps):
+    """Runs on every rank, once per cap: a different random init per rank, then SGD on a shard with ddp_class."""
     rank, n, device = dist.get_rank(), dist.get_world_size(), rank_device()
-    torch.manual_seed(seed + rank)  # every rank starts different, so a missing broadcast shows
-    model = ToyNet().to(device)
-    out, stage = dict(initial=_state(model), error=None), "broadcast_parameters"
-    try:
-        with CommLedger() as ledger:
-            broadcast_parameters(model)
-        out.update(after_broadcast=_state(model), broadcast_bytes=ledger.total("payload_bytes"))
-        stage, opt = "average_gradients", torch.optim.SGD(model.parameters(), lr=lr)
-        x, y = x.to(device), y.to(device)
-        for step, idx in enumerate(batches):
-            mine = idx.view(n, -1)[rank]  # this rank's equal share of the global batch
-            opt.zero_grad()
-            F.cross_entropy(model(x[mine]), y[mine]).backward()
-            with CommLedger() as ledger:
-                average_gradients(model)
-            if step == 0:
-                out.update(reduce_bytes=ledger.total("payload_bytes"), grads={
-                    k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
-            opt.step()
-        out["final"] = _state(model)
-    except Exception as exc:  # noqa: BLE001 - reported to the learner in the kernel
-        out["error"] = caught(exc, stage)
+    x, y, out = x.to(device), y.to(device), []
+    for cap in caps:
+        torch.manual_seed(seed + rank)  # every rank starts different, so a missing broadcast shows
+        model = ToyNet().to(device)
+        run, stage = dict(cap=cap, initial=_state(model), error=None, steps=[]), f"{ddp_class.__name__}(model, {cap})"
+        out.append(run)
+        try:
+            ddp = ddp_class(model, cap)
+            run["after_broadcast"], stage = _state(model), f"{ddp_class.__name__}.finish"
+            opt = torch.optim.SGD(model.parameters(), lr=lr)
+            for step, idx in enumerate(batches):
+                mine = idx.view(n, -1)[rank]  # this rank's equal share of the global batch
+                opt.zero_grad()
+                loss = F.cross_entropy(model(x[mine]), y[mine])
+                with CommLedger() as ledger, AllReduceLog() as log:
+                    log.in_backward = True
+                    loss.backward()  # the hooks should launch every bucket in here
+                    log.in_backward = False
+                    ddp.finish()
+                run["steps"].append(dict(calls=log.calls, payload=ledger.total("payload_bytes")))
+                if step == 0:
+                    run["grads"] = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+                opt.step()
+            run["final"] = _state(model)
+        except Exception as exc:  # noqa: BLE001 - reported to the learner in the kernel
+            run["error"] = caught(exc, stage)
+            break
     return out
 
 
@@ -86,68 +146,105 @@ def _single_process(x, y, batches, lr, seed):
     return grads, _state(model)
 
 
-def check_ddp(broadcast_parameters, average_gradients, world_sizes=(2, 4), steps=5, lr=0.2, timeout=60.0):
-    """Check a from-scratch DDP: ``broadcast_parameters(model)`` and ``average_gradients(model)``.
+def _check_pattern(n, runs, probe, cap):
+    """The collectives of every step of one cap: sizes = the buckets, during backward, async, every step alike."""
+    __tracebackhide__ = True
+    size = {k: p.numel() * p.element_size() for k, p in probe.named_parameters()}
+    frozen = sum(size[k] for k, p in probe.named_parameters() if not p.requires_grad)
+    trainable, tied = sum(size.values()) - frozen, size["mix1.weight"]
+    want = expected_buckets(probe, cap)
+    steps = runs[0]["steps"]
+    extra = steps[0]["payload"] - trainable
+    for mistake, waste in (("tied_twice", tied), ("frozen_reduced", frozen), ("tied_twice", tied + frozen)):
+        if extra == waste:
+            raise LabCheckFailed(mistake, f"bucket_cap_bytes={cap}: the values may be right, but a step all-reduced "
+                                 f"{extra:,} bytes more than the {trainable:,} bytes of trainable gradients.",
+                                 HINTS[mistake], n)
+    got = sorted(b for b, _, _ in steps[0]["calls"])
+    if got != sorted(want):
+        per_tensor = len(got) == len(size) - 1 and len(want) < len(got)  # one call per trainable tensor
+        raise LabCheckFailed("not_bucketed" if per_tensor else "buckets", f"bucket_cap_bytes={cap}: a step made "
+                             f"{len(got)} all-reduces of {got} bytes; buckets closed at {cap:,} bytes make "
+                             f"{len(want)} of {sorted(want)}." + (" (Call dist.all_reduce through the dist module, so that the checker "
+                             "sees it.)" if not got else ""), HINTS["not_bucketed" if per_tensor else "buckets"], n)
+    for k, step in enumerate(steps[1:], 1):
+        if sorted(b for b, _, _ in step["calls"]) != got:
+            raise LabCheckFailed("not_reset", f"bucket_cap_bytes={cap}: step 0 made {len(got)} all-reduces of "
+                                 f"{got} bytes, step {k} {len(step['calls'])} of "
+                                 f"{sorted(b for b, _, _ in step['calls'])}.", HINTS["not_reset"], n)
+    late = [b for step in steps for b, _, during in step["calls"] if not during]
+    if late:
+        raise LabCheckFailed("after_backward", f"bucket_cap_bytes={cap}: {len(late)} of the {len(got) * len(steps)} "
+                             f"all-reduces ({sorted(set(late))} bytes) were issued after backward had returned.",
+                             HINTS["after_backward"], n)
+    blocking = [b for step in steps for b, is_async, _ in step["calls"] if not is_async]
+    if blocking:
+        raise LabCheckFailed("blocking", f"bucket_cap_bytes={cap}: {len(blocking)} all-reduces were synchronous "
+                             "(no async_op=True): backward stood still while each travelled.", HINTS["blocking"], n)
+    return want
 
-    On each world size n, every rank builds ``ToyNet`` from its own seed, calls
-    ``broadcast_parameters``, then trains ``steps`` SGD steps on its 16 samples of a 16n-sample
-    global batch of ``digits()``, calling ``average_gradients`` after each backward. Demands:
-    (1) after the broadcast every rank holds rank 0's parameters, frozen ones and buffers;
-    (2) the all-reduced payload is exactly the trainable gradients' bytes, each tensor once (a
-    frozen or tied tensor reduced anyway shows as its exact size in extra bytes); (3) the first
-    gradients equal one process's on the global batch (n times them: not divided); (4) the weights
-    after ``steps`` steps equal single-process training (tolerances: GRAD_TOL, WEIGHT_TOL).
+
+def check_ddp(ddp_class, world_sizes=(2, 3), steps=3, caps=CAPS, lr=0.2, timeout=60.0):
+    """Check a bucketed DDP: ``ddp = ddp_class(model, bucket_cap_bytes)``, then ``ddp.finish()`` after each backward.
+
+    On each world size n and each cap, every rank builds ``ToyNet`` from its own seed, wraps it, then
+    trains ``steps`` SGD steps on its 16 samples of a 16n-sample global batch of ``digits()``. Demands:
+    (1) after construction every rank holds rank 0's parameters, frozen ones and buffers; (2) every
+    step all-reduces the trainable gradients once, as the buckets of ``expected_buckets(model, cap)``,
+    one call per bucket, each issued during backward with ``async_op=True``, the same at every step;
+    (3) after ``finish()`` the gradients equal one process's on the global batch (n times them: not
+    divided); (4) the weights after ``steps`` steps equal single-process training (GRAD_TOL, WEIGHT_TOL).
     """
     __tracebackhide__ = True
     x, y = digits()
     probe = ToyNet()
     buffers = {k for k, _ in probe.named_buffers()}
     frozen = {k for k, p in probe.named_parameters() if not p.requires_grad}
-    size = {k: p.numel() * p.element_size() for k, p in probe.named_parameters()}
-    trainable, frozen_bytes = sum(size[k] for k in size if k not in frozen), sum(size[k] for k in frozen)
     lines = []
     for n in world_sizes:
         order = torch.randperm(len(x), generator=torch.Generator().manual_seed(n))
         batches = order.repeat(1 + steps * 16 * n // len(x))[: steps * 16 * n].view(steps, 16 * n)  # (steps, 16n)
-        ranks = launch_answer(_ddp_on_rank, (broadcast_parameters, average_gradients, x, y, batches, lr, 1000), n, timeout,
-                        "broadcast_parameters / average_gradients", DDP_HINTS["deadlock"])
-        error = first_error(ranks)
-        if error and error[2].startswith("in broadcast_parameters"):
-            raise_if_error(error, n, DDP_HINTS)
-        start = ranks[0]["initial"]
-        differ = {k for r in ranks for k in start if not torch.equal(r["after_broadcast"][k], start[k])}
-        for mistake, keys in (("no_broadcast", differ - buffers - frozen), ("buffers", differ & buffers),
-                              ("frozen_not_broadcast", differ & frozen)):
-            if keys:
-                raise LabCheckFailed(mistake, f"after broadcast_parameters, {sorted(keys)} differ from rank 0's "
-                                     "initial values on some rank.", DDP_HINTS[mistake], n)
-        raise_if_error(error, n, DDP_HINTS, phrases=[("NoneType", "frozen_reduced")])
-        extra, tied = ranks[0]["reduce_bytes"] - trainable, size["mix1.weight"]  # a known tensor's exact size?
-        for mistake, waste in (("tied_twice", tied), ("frozen_reduced", frozen_bytes),
-                               ("tied_twice", tied + frozen_bytes)):
-            if extra == waste:
-                raise LabCheckFailed(mistake, f"the values may be right, but average_gradients reduced {extra:,} "
-                                     f"bytes more than the {trainable:,} bytes of trainable gradients.",
-                                     DDP_HINTS[mistake], n)
+        per_rank = launch_answer(_on_rank, (ddp_class, x, y, batches, lr, 1000, caps), n, timeout,
+                                 f"{ddp_class.__name__}", HINTS["deadlock"])
         ref_grads, ref_final = _single_process(x, y, batches, lr, 1000)
-        grads = ranks[0]["grads"]
-        if grads.keys() != ref_grads.keys() or any(_max_diff(r["grads"], grads) > 0 for r in ranks):
-            raise LabCheckFailed("not_reduced", f"the gradients of {sorted(grads)} differ between ranks (one process "
-                                 f"has gradients for {sorted(ref_grads)}).", DDP_HINTS["not_reduced"], n)
-        diff = _max_diff(grads, ref_grads)
-        if not close(grads, ref_grads, GRAD_TOL):
-            mistake = "not_divided" if _max_diff(grads, {k: n * g for k, g in ref_grads.items()}) < 1e-4 else \
-                "wrong_gradients"
-            raise LabCheckFailed(mistake, f"the gradients after average_gradients differ from one process on the "
-                                 f"global batch by up to {diff:.3g}.", DDP_HINTS[mistake], n)
-        if extra:
-            raise LabCheckFailed("bytes", f"average_gradients reduced {ranks[0]['reduce_bytes']:,} bytes, not the "
-                                 f"{trainable:,} bytes of trainable gradients.", DDP_HINTS["bytes"], n)
-        drift = max(_max_diff(r["final"], ref_final) for r in ranks)
-        if not all(close(r["final"], ref_final, WEIGHT_TOL) for r in ranks):
-            raise LabCheckFailed("diverged", f"after {steps} steps the weights differ from single-process training "
-                                 f"by up to {drift:.3g}.", DDP_HINTS["diverged"], n)
-        lines.append(f"world_size={n}: replicas = rank 0 after broadcast ({ranks[0]['broadcast_bytes']:,} bytes); "
-                     f"gradients = one process (max diff {diff:.1e}); all-reduced {trainable:,} bytes per step = the "
-                     f"trainable gradients, once; weights after {steps} steps = one process (max diff {drift:.1e})")
-    return CheckResult("broadcast_parameters + average_gradients", lines)
+        made = []
+        for i, cap in enumerate(caps):
+            runs = [r[i] for r in per_rank if i < len(r)]
+            error = first_error(runs)
+            erring = next((r for r in runs if r.get("error")), None)
+            if erring and "after_broadcast" not in erring:  # raised while building: a hook, a broadcast
+                raise_if_error(error, n, HINTS, phrases=[("does not require grad", "frozen_reduced"),
+                                                         ("doesn't require grad", "frozen_reduced")])
+            start = runs[0]["initial"]
+            differ = {k for r in runs for k in start if not torch.equal(r["after_broadcast"][k], start[k])}
+            for mistake, keys in (("no_broadcast", differ - buffers - frozen), ("buffers", differ & buffers),
+                                  ("frozen_not_broadcast", differ & frozen)):
+                if keys:
+                    raise LabCheckFailed(mistake, f"after {ddp_class.__name__}(model, {cap}), {sorted(keys)} differ "
+                                         "from rank 0's initial values on some rank.", HINTS[mistake], n)
+            if error and runs[0]["steps"]:  # a later step failed: was the first one already different?
+                _check_pattern(n, [dict(r, steps=r["steps"][:1]) for r in runs], probe, cap)
+                if len(runs[0]["steps"]) < steps:
+                    raise LabCheckFailed("not_reset", f"step 0 ran, then rank {error[0]} raised {error[1]} "
+                                         f"{error[2]}", HINTS["not_reset"], n)
+            raise_if_error(error, n, HINTS, phrases=[("NoneType", "frozen_reduced")])
+            want = _check_pattern(n, runs, probe, cap)
+            grads = runs[0]["grads"]
+            if grads.keys() != ref_grads.keys() or any(_max_diff(r["grads"], grads) > 0 for r in runs):
+                raise LabCheckFailed("not_reduced", f"bucket_cap_bytes={cap}: after finish() the gradients of "
+                                     f"{sorted(grads)} differ between ranks.", HINTS["not_reduced"], n)
+            diff = _max_diff(grads, ref_grads)
+            if not close(grads, ref_grads, GRAD_TOL):
+                mistake = "not_divided" if _max_diff(grads, {k: n * g for k, g in ref_grads.items()}) < 1e-4 else \
+                    "wrong_gradients"
+                raise LabCheckFailed(mistake, f"bucket_cap_bytes={cap}: the gradients after finish() differ from one "
+                                     f"process on the global batch by up to {diff:.3g}.", HINTS[mistake], n)
+            drift = max(_max_diff(r["final"], ref_final) for r in runs)
+            if not all(close(r["final"], ref_final, WEIGHT_TOL) for r in runs):
+                raise LabCheckFailed("diverged", f"after {steps} steps the weights differ from single-process "
+                                     f"training by up to {drift:.3g}.", HINTS["diverged"], n)
+            made.append(f"cap {cap:,} B: {len(want)} bucket(s)")
+        lines.append(f"world_size={n}: replicas = rank 0 after construction; per step {'; '.join(made)}, each "
+                     f"all-reduced once, async, during backward; gradients and weights after {steps} steps = one "
+                     f"process (max diff {diff:.1e}, {drift:.1e})")
+    return CheckResult("BucketedDDP", lines)
