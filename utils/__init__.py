@@ -16,7 +16,7 @@ Each module holds one idea and names the notebook that derives it:
   paper's formulas beside them (notebook 03; used by 04 and 07).
 - ``utils.adam``: Adam's update rule written out, ``adam_update`` (lesson 03, lab 03 and its checker).
 - ``utils.checkers``: the labs' checkers, one module per lab named like ``labs/solutions/``: ``common``
-  (``LabCheckFailed``, ``CheckResult``, ``fail``, tolerances), ``ring_all_reduce`` (lab 01), ``ddp``
+  (``LabCheckFailed``, ``CheckResult``, ``fail``, tolerances), ``halving_doubling`` (lab 01), ``ddp``
   (lab 02), ``zero`` (lab 03), ``tensor_parallel`` (lab 05), ``pipeline_schedule`` (lab 06).
 - ``utils.tensor_parallel``: which tensor-parallel degrees fit a model, ``check_tp_degree`` (notebook 05).
 - ``utils.pipeline``: pipeline schedules as op lists (GPipe, 1F1B, interleaved), their simulator, the

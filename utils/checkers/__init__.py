@@ -2,8 +2,8 @@
 
 - ``common``: how every lab grades an answer: ``LabCheckFailed`` (a named mistake and its hint),
   ``CheckResult``, ``fail``, the answer run on ranks with its errors brought back, one set of tolerances.
-- ``ring_all_reduce``: lab 01, ``check_ring_all_reduce``.
-- ``ddp``: lab 02, ``check_ddp``.
+- ``halving_doubling``: lab 01, ``check_halving_doubling``.
+- ``ddp``: lab 02, ``check_ddp`` (a ``BucketedDDP``).
 - ``zero``: lab 03, ``check_make_buckets``, ``check_bucketed_zero2``.
 - ``tensor_parallel``: lab 05, ``check_operators``, ``check_parallel_linear``.
 - ``pipeline_schedule``: lab 06, ``check_one_f_one_b``.
