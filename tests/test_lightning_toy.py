@@ -1,0 +1,51 @@
+"""utils.lightning_toy: lesson 08's LightningModule is importable by name, and says what is wrong at once."""
+
+import logging
+import pickle
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from utils.lightning_toy import GLOBAL_BATCH, LitToy, digits_in_order, make_model, quiet_lightning
+
+
+def test_littoy_travels_by_name():
+    """The reason it is a module: a process that unpickles it finds the class by its import path."""
+    x, y = digits_in_order()
+    model = LitToy(TensorDataset(x[:GLOBAL_BATCH], y[:GLOBAL_BATCH]))
+    blob = pickle.dumps(model)
+    assert b"utils.lightning_toy" in blob and b"__main__" not in blob
+    copy = pickle.loads(blob)
+    torch.testing.assert_close(copy.net.state_dict(), model.net.state_dict(), rtol=0, atol=0)
+
+
+def test_make_model_leaves_the_global_generator_alone():
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    a, b = make_model(0), make_model(0)
+    assert torch.equal(torch.rand(3), expected), "seed_everything's generator must not be reset"
+    torch.testing.assert_close(a.state_dict(), b.state_dict(), rtol=0, atol=0)
+
+
+def test_digits_in_order_is_fixed():
+    (x1, y1), (x2, y2) = digits_in_order(), digits_in_order()
+    assert x1.shape == (1797, 64) and torch.equal(x1, x2) and torch.equal(y1, y2)
+
+
+def test_indivisible_global_batch_names_the_numbers():
+    x, y = digits_in_order()
+    model = LitToy(TensorDataset(x[:70], y[:70]), global_batch=70)
+
+    class Trainer:
+        world_size, global_rank = 3, 0
+
+    model._trainer = Trainer()  # what the Trainer sets when it attaches itself
+    with pytest.raises(ValueError, match="global batch 70 is not divisible by 3 ranks; use a multiple of 3"):
+        model.train_dataloader()
+
+
+def test_quiet_lightning_silences_the_banners():
+    quiet_lightning()
+    assert logging.getLogger("lightning.pytorch").level == logging.ERROR
