@@ -10,6 +10,8 @@ Each module holds one idea and names the notebook that derives it:
 - ``utils.models``: ``ToyNet``, the course model with a frozen parameter, a buffer and a tied
   weight (notebook 02).
 - ``utils.datasets``: small real data sets shipped inside packages, e.g. ``digits()`` (notebook 02).
+- ``utils.lightning_toy``: ``LitToy``, lesson 08's LightningModule, importable by name so that forked and
+  spawned ranks find it, and ``quiet_lightning()`` (notebook 08 and its script).
 - ``utils.ddp_notebook``: Lightning's ``ddp_notebook`` with its ranks forked from a fresh process, not the kernel
   (notebooks 02 and 08).
 - ``utils.memory``: bytes a rank holds (counted from tensors, or every live tensor) and the ZeRO
