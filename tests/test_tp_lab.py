@@ -1,11 +1,13 @@
 """The tensor-parallel lab's checker (utils/checkers/tensor_parallel.py) accepts the reference and rejects planted wrong answers.
 
-Each classic mistake of labs/05_tensor_parallel_lab.ipynb is planted here: the weight split along
-the wrong dimension, the all-reduce in the wrong direction (f and g swapped, in the operators or in
-the layers), the row bias added on every rank, the missing backward all-reduce, and no divisibility
-check. The test asserts that the checker names each (``LabCheckFailed.mistake``) and says the key
-phrase of its hint. Also: ``utils.tensor_parallel.check_tp_degree``'s message. The lab's notebook
-itself runs in tests/test_notebooks.py.
+labs/05_tensor_parallel_lab.ipynb asks for Megatron's vocabulary-parallel cross-entropy. Each classic
+mistake is planted here as a variant of one answer, and the test asserts that the checker names it
+(``LabCheckFailed.mistake``) and says the key phrase of its hint. Some variants reach the right loss
+*the wrong way* (all-gathering the logits, all-reducing them zero-padded, an all-reduce in backward
+that a scaled-down gradient would hide): the checker must reject them by their communication. Each
+runs at the world size where its mistake shows (a per-rank max is the global one on 1 rank; every
+mistake shows on 2 and on 3). Also: ``utils.tensor_parallel.check_tp_degree``'s message. The lab's
+notebook itself runs in tests/test_notebooks.py.
 """
 
 import sys
@@ -16,17 +18,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from lab_grading import expect_rejection
 from notebook_runner import ROOT
-from torch import nn
 
+from utils.checkers.tensor_parallel import check_vocab_parallel_cross_entropy
 from utils.tensor_parallel import check_tp_degree, nearest_tp_degrees, valid_tp_degrees
-from utils.checkers.tensor_parallel import check_operators, check_parallel_linear
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
-from solutions.tensor_parallel import ColumnParallelLinear, RowParallelLinear
-from solutions.tensor_parallel import CopyToTensorParallelRegion as f
-from solutions.tensor_parallel import ReduceFromTensorParallelRegion as g
-
-WORLD_SIZES = (2,)  # one world size keeps the file fast; the lab itself runs 2 and 4
+from solutions.tensor_parallel import VocabParallelCrossEntropy  # noqa: E402
 
 
 # ------------------------------------------------------------------ the degree check
@@ -43,123 +40,117 @@ def test_check_tp_degree_names_numbers_and_nearest_degrees():
 
 # ------------------------------------------------------------------ the reference passes
 
-def test_reference_passes():
-    assert "PASSED" in str(check_operators(f, g, world_sizes=WORLD_SIZES))
-    assert "PASSED" in str(check_parallel_linear(ColumnParallelLinear, RowParallelLinear, world_sizes=WORLD_SIZES))
+@pytest.mark.parametrize("world_sizes", [(1, 2), (3,), (4,), (5, 6)])
+def test_reference_passes(world_sizes):
+    """At every world size lab 05's metadata lists (2-6), and on 1 rank, where it is a plain cross-entropy."""
+    result = str(check_vocab_parallel_cross_entropy(VocabParallelCrossEntropy, world_sizes=world_sizes))
+    assert "PASSED" in result and "backward: no communication" in result
 
 
-# ------------------------------------------------------------------ operators: wrong answers
+# ------------------------------------------------------------------ wrong answers, one flag each
 
-class FIdentityBothWays(torch.autograd.Function):
-    """f without its backward all-reduce."""
+def variant(gather=False, pad=False, local_max=False, no_max=False, unmasked=False, in_place=False,
+            backward_all_reduce=False, ignore_grad=False, no_one_hot=False, mean=False, one_gradient=False,
+            owner_only=False):
+    """The reference with one mistake switched on."""
 
-    @staticmethod
-    def forward(ctx, x):
-        return x
+    class Answer(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, logits, target):
+            rank, n, width = dist.get_rank(), dist.get_world_size(), logits.shape[-1]
+            start = rank * width
+            if gather or pad:  # the whole logits on every rank: right numbers, b·s·v values moved
+                if gather:
+                    blocks = [torch.empty_like(logits) for _ in range(n)]
+                    dist.all_gather(blocks, logits.contiguous())
+                    full = torch.cat(blocks, -1)
+                else:
+                    full = logits.new_zeros(logits.shape[0], width * n)
+                    full[:, start:start + width] = logits
+                    dist.all_reduce(full)
+                softmax = torch.softmax(full, -1)[:, start:start + width]
+                mine = (target >= start) & (target < start + width)
+                ctx.save_for_backward(softmax, (target - start).clamp(0, width - 1), mine)
+                return F.cross_entropy(full, target, reduction="none")
+            top = logits.max(-1).values
+            if not local_max and not no_max:
+                if owner_only and rank != 0:
+                    pass  # rank 0 alone calls it: the others never reach it
+                else:
+                    dist.all_reduce(top, op=dist.ReduceOp.MAX)
+            if no_max:
+                top = torch.zeros_like(top)
+            if in_place:
+                logits.sub_(top.unsqueeze(-1))
+                shifted = logits
+            else:
+                shifted = logits - top.unsqueeze(-1)
+            mine = (target >= start) & (target < start + width)
+            local = (target - start).clamp(0, width - 1)
+            picked = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1)
+            picked = picked if unmasked else picked * mine
+            dist.all_reduce(picked)
+            exp = shifted.exp()
+            total = exp.sum(-1)
+            dist.all_reduce(total)
+            ctx.save_for_backward(exp / total.unsqueeze(-1), local, mine)
+            loss = total.log() - picked
+            return loss.mean() if mean else loss
 
-    @staticmethod
-    def backward(ctx, grad):
-        return grad
+        @staticmethod
+        def backward(ctx, grad):
+            softmax, local, mine = ctx.saved_tensors
+            one_hot = torch.zeros_like(softmax)
+            if not no_one_hot:
+                one_hot.scatter_(-1, local.unsqueeze(-1), mine.to(softmax.dtype).unsqueeze(-1))
+            weight = torch.ones_like(grad) if ignore_grad else grad
+            if mean:
+                weight = grad.expand(len(softmax)) / len(softmax)
+            out = (softmax - one_hot) * weight.unsqueeze(-1)
+            if backward_all_reduce:  # summed over ranks, then divided back: right numbers, needless traffic
+                out = out.clone()
+                dist.all_reduce(out)
+                out = out / dist.get_world_size()
+            return out if one_gradient else (out, None)
 
-
-class GInPlace(torch.autograd.Function):
-    """g that all-reduces the caller's tensor."""
-
-    @staticmethod
-    def forward(ctx, x):
-        dist.all_reduce(x)
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad
-
-
-class GBothWays(g):
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.clone()
-        dist.all_reduce(grad)
-        return grad
-
-
-@pytest.mark.parametrize("f_op, g_op, mistake, phrase", [
-    (g, f, "f_g_swapped", "wrong direction"),
-    (FIdentityBothWays, g, "missing_backward_all_reduce", "backward must all-reduce"),
-    (f, FIdentityBothWays, "missing_forward_all_reduce", "forward must all-reduce"),
-    (f, GInPlace, "in_place", "x.clone()"),
-    (f, GBothWays, "all_reduce_both_ways", "one direction only"),
-], ids=["swapped", "f_no_backward", "g_no_forward", "g_in_place", "g_both_ways"])
-def test_operators_reject(f_op, g_op, mistake, phrase):
-    expect_rejection(check_operators, f_op, g_op, world_sizes=WORLD_SIZES, mistake=mistake, phrase=phrase)
-
-
-# ------------------------------------------------------------------ layers: wrong answers
-
-class ColumnWrongDim(ColumnParallelLinear):
-    """Splits the input features (dim 1 of the weight): the row-parallel split, in the wrong layer."""
-
-    def __init__(self, full, rank, world_size):
-        super().__init__(full, rank, world_size)
-        self.weight = nn.Parameter(full.weight.detach().chunk(world_size, dim=1)[rank].clone())
-
-
-class RowBiasEveryRank(RowParallelLinear):
-    def forward(self, y):
-        return g.apply(F.linear(y, self.weight, self.bias))  # the bias inside the sum: t times
-
-
-class ColumnWithG(ColumnParallelLinear):
-    """f and g swapped in the layers: g at the column layer's input ..."""
-
-    def forward(self, x):
-        return F.linear(g.apply(x), self.weight, self.bias)
-
-
-class RowWithF(RowParallelLinear):
-    """... and f at the row layer's output."""
-
-    def forward(self, y):
-        return f.apply(F.linear(y, self.weight)) + self.bias
+    return Answer
 
 
-class ColumnWithoutF(ColumnParallelLinear):
-    """No f: the input gradient is never summed (the missing backward all-reduce)."""
-
-    def forward(self, x):
-        return F.linear(x, self.weight, self.bias)
-
-
-class ColumnNoCheck(ColumnParallelLinear):
-    def __init__(self, full, rank, world_size):
-        nn.Module.__init__(self)
-        self.weight = nn.Parameter(full.weight.detach().chunk(world_size, dim=0)[rank].clone())
-        self.bias = nn.Parameter(full.bias.detach().chunk(world_size, dim=0)[rank].clone())
-
-
-@pytest.mark.parametrize("column, row, mistake, phrase", [
-    (ColumnWrongDim, RowParallelLinear, "wrong_dimension", "OUTPUT features"),
-    (ColumnParallelLinear, RowBiasEveryRank, "bias_every_rank", "add it once"),
-    (ColumnWithG, RowWithF, "f_g_swapped", "wrong direction"),
-    (ColumnWithoutF, RowParallelLinear, "missing_backward_all_reduce", "must call f"),
-    (ColumnNoCheck, RowParallelLinear, "no_divisibility_check", "check_tp_degree"),
-], ids=["wrong_dimension", "bias_every_rank", "swapped_in_layers", "no_f", "no_divisibility_check"])
-def test_layers_reject(column, row, mistake, phrase):
-    expect_rejection(check_parallel_linear, column, row, world_sizes=WORLD_SIZES, mistake=mistake, phrase=phrase)
+@pytest.mark.parametrize("flag, mistake, phrase, world_sizes", [
+    ("gather", "gathered_logits", "three numbers per token", (2,)),
+    ("pad", "gathered_logits", "three numbers per token", (3,)),
+    ("local_max", "local_max", "WHOLE vocabulary", (2,)),
+    ("no_max", "overflow", "exp(200)", (2,)),
+    ("unmasked", "target_not_masked", "only the rank that holds the target", (3,)),
+    ("in_place", "in_place", "shifted = logits - max", (2,)),
+    ("backward_all_reduce", "backward_comm", "no communication", (2,)),
+    ("ignore_grad", "grad_output_ignored", "grad.unsqueeze(-1)", (2,)),
+    ("no_one_hot", "no_one_hot", "one-hot", (2,)),
+    ("mean", "not_per_token", "one loss per token", (2,)),
+    ("one_gradient", "backward_returns", "None", (2,)),
+])
+def test_rejects(flag, mistake, phrase, world_sizes):
+    expect_rejection(check_vocab_parallel_cross_entropy, variant(**{flag: True}), world_sizes=world_sizes,
+                     mistake=mistake, phrase=phrase)
 
 
-class FStub(torch.autograd.Function):
+def test_a_collective_only_one_rank_calls_is_a_deadlock():
+    expect_rejection(check_vocab_parallel_cross_entropy, variant(owner_only=True), world_sizes=(2,), timeout=8,
+                     mistake="deadlock", phrase="same all-reduces in the same order")
+
+
+class Stub(torch.autograd.Function):
     """What the lab ships: the learner's stub raises its own NotImplementedError."""
 
     @staticmethod
-    def forward(ctx, x):
-        raise NotImplementedError("f.forward is not written yet")
+    def forward(ctx, logits, target):
+        raise NotImplementedError("forward is not written yet")
 
     @staticmethod
     def backward(ctx, grad):
-        raise NotImplementedError("f.backward is not written yet")
+        raise NotImplementedError("backward is not written yet")
 
 
 def test_stub_raises_its_own_error():
-    with pytest.raises(NotImplementedError, match="f.forward is not written yet"):
-        check_operators(FStub, g, world_sizes=WORLD_SIZES)
+    with pytest.raises(NotImplementedError, match="forward is not written yet"):
+        check_vocab_parallel_cross_entropy(Stub, world_sizes=(2,))

@@ -1,20 +1,30 @@
-"""Reference solution of labs/06_pipeline_lab.ipynb: the 1F1B (PipeDream-Flush) order of one stage.
+"""Reference solution of labs/06_pipeline_lab.ipynb: Megatron-LM's interleaved 1F1B order of one rank.
 
-Narayanan et al. (2021, arXiv 2104.04473), section 2.2: stage s of p first runs p - s - 1
-*warm-up* forwards (stage 0 the most, the last stage none), so that by the time micro-batch 0's
-backward comes back the pipeline is full; then it alternates one forward and one backward (the
-*steady state*); then the remaining backwards (the *cool-down*). Stage s never holds more than
-p - s micro-batches of activations, whatever the number m of micro-batches; GPipe holds m. The
-bubble is the same as GPipe's, (p - 1) / (m + p - 1).
+Narayanan et al. (2021, arXiv 2104.04473), section 2.2.2: rank r of p holds v model chunks, the
+virtual stages r, r + p, ..., r + (v - 1) p, so a micro-batch visits every rank v times and the
+fill and drain of the pipeline take 1/v as long: a bubble of (p - 1) / (v m + p - 1). Micro-batches
+go through in groups of p: the p micro-batches of a group through chunk 0, then the same p through
+chunk 1, ..., then the next group; backwards the same, chunks in reverse. Rank r warms up with
+(p - r - 1) 2 + (v - 1) p forwards (all of them when m = p), then alternates one forward and one
+backward, then cools down. The order is the one torch's ``ScheduleInterleaved1F1B`` computes.
 """
 
 
-def one_f_one_b(stage: int, stages: int, microbatches: int) -> list[tuple[str, int]]:
-    """The ops of stage ``stage``, in order: ("F", mb) forward, ("B", mb) backward of micro-batch mb."""
-    warmup = min(stages - stage - 1, microbatches)  # never more warm-up forwards than micro-batches
-    ops = [("F", mb) for mb in range(warmup)]
-    for i in range(microbatches - warmup):  # steady state: the next forward, then the oldest backward
-        ops.append(("F", warmup + i))
-        ops.append(("B", i))
-    ops += [("B", mb) for mb in range(microbatches - warmup, microbatches)]  # cool-down
-    return ops
+def interleaved_one_f_one_b(rank: int, ranks: int, microbatches: int, chunks: int) -> list[tuple[str, int, int]]:
+    """The ops of rank ``rank`` of ``ranks``, in order: ("F" or "B", micro-batch, chunk)."""
+    if microbatches % ranks:
+        raise ValueError(f"interleaved 1F1B sends micro-batches in groups of p = {ranks}: {microbatches} "
+                         f"micro-batches is not a multiple of {ranks}; use {ranks * max(1, microbatches // ranks)} or "
+                         f"{ranks * (microbatches // ranks + 1)}.")
+    total = microbatches * chunks  # this rank runs v forwards (and v backwards) per micro-batch
+
+    def unit(k, backward):  # the k-th forward (or backward) of this rank: (micro-batch, chunk)
+        group, within = divmod(k, ranks * chunks)  # groups of p micro-batches x v chunks
+        chunk = within // ranks
+        return group * ranks + within % ranks, (chunks - 1 - chunk) if backward else chunk
+
+    warmup = total if microbatches == ranks else min(total, (ranks - rank - 1) * 2 + (chunks - 1) * ranks)
+    ops = [("F", *unit(k, False)) for k in range(warmup)]
+    for i in range(total - warmup):  # steady state: the next forward, then the oldest backward
+        ops += [("F", *unit(warmup + i, False)), ("B", *unit(i, True))]
+    return ops + [("B", *unit(k, True)) for k in range(total - warmup, total)]  # cool-down

@@ -1,68 +1,88 @@
-"""The checker of lab 06 (pipeline schedules): the learner's 1F1B op order, simulated, then run.
+"""The checker of lab 06 (pipeline schedules): the learner's interleaved 1F1B order, simulated, then set beside torch's.
 
-Used by ``labs/06_pipeline_lab.ipynb``. The learner writes ``one_f_one_b(stage, stages,
-microbatches) -> list of ("F", mb) / ("B", mb)``, the ops stage ``stage`` runs, in order (see
-``utils.pipeline`` for the conventions; notebook 06 derives them). Same conventions as
-``utils.checkers.common``: a ``CheckResult`` on success, else ``LabCheckFailed`` with ``.mistake`` and
-``.hint``. The evidence, in the order it is checked:
+Used by ``labs/06_pipeline_lab.ipynb``. Lesson 06 runs GPipe and 1F1B from ``utils.pipeline`` and
+takes the interleaved order from torch; the lab has the learner write it:
+``interleaved_one_f_one_b(rank, ranks, microbatches, chunks) -> list of ("F" | "B", mb, chunk)``,
+the ops rank ``rank`` runs, in order, rank r holding the virtual stages r, r + p, ..., r + (v-1)p
+(the conventions of ``utils.pipeline``). Same conventions as ``utils.checkers.common``: a
+``CheckResult`` on success, else ``LabCheckFailed`` with ``.mistake`` and ``.hint``.
 
-1. **form**: a list of ("F", int) / ("B", int) tuples, F and B of every micro-batch exactly once;
-2. **dependencies** on the stage itself: no backward before its own forward;
-3. **not GPipe**: all forwards before the first backward holds m micro-batches (allowed only
-   when m <= p - s, where 1F1B does the same);
-4. **deadlock-free**: ``utils.pipeline.simulate`` runs all stages' lists together; a receive that
-   waits for an op that waits, in turn, for it is a deadlock, named with the ops involved;
-5. **memory**: stage s holds at most p - s micro-batches of activations (at most p in all);
-6. **bubble**: with unit costs the idle share equals (p-1)/(m+p-1), no more;
-7. **values**: the schedule runs on p ranks with send/recv (``utils.timeline.run_stage``) and the
-   loss and every gradient equal one process's on the whole batch.
+It checks the *schedule*, not only that it computes: a correct but wrong schedule (interleaved
+GPipe, too little warm-up) gives the right gradients and is rejected by what it costs. In order:
+
+1. **arguments**: m not a multiple of p raises ``ValueError`` naming the numbers, at once;
+2. **form**: ("F" | "B", int, int) tuples; F and B of every (micro-batch, chunk) exactly once;
+3. **dependencies** on the rank itself: no backward before its own forward;
+4. **deadlock-free**: ``utils.pipeline.simulate`` runs all ranks' lists together, any receive that
+   waits for an op that waits, in turn, for it is named;
+5. **memory**: rank r holds at most (p - r - 1) 2 + (v - 1) p + 1 micro-batch chunks of
+   activations (``peak_in_flight``; all v m when m = p), what Megatron's warm-up allows;
+6. **bubble**: simulated with a backward costing 1 and 2 forwards, the idle share is
+   (p - 1) / (v m + p - 1), no more;
+7. **torch**: on p ranks, the order equals the one ``torch.distributed.pipelining``'s
+   ``ScheduleInterleaved1F1B`` computes for the same p, m and v, op for op.
 """
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from ..launch import rank_device
-from ..pipeline import (PipelineDeadlock, bubble_fraction, idle_fraction, microbatch_size, peak_in_flight, simulate,
-                       split_layers)
-from ..timeline import run_stage
-from .common import GRAD_TOL, CheckResult, fail, launch_answer
+from ..pipeline import PipelineDeadlock, bubble_fraction, idle_fraction, peak_in_flight, simulate
+from .common import CheckResult, caught, fail, first_error, launch_answer, raise_if_error
 
-CASES = [(2, 4), (3, 5), (4, 8), (4, 2), (4, 1)]  # (stages p, micro-batches m): m > p, m = p + 2, m < p, m = 1
+CASES = [(2, 2, 2), (2, 4, 2), (2, 8, 3), (3, 6, 2), (3, 9, 2), (4, 4, 2), (4, 8, 2), (4, 8, 3)]  # (p, m, v)
 
 PIPELINE_HINTS = {
-    "not_ops": "return a list of tuples ('F', mb) or ('B', mb), mb an int in range(microbatches).",
-    "missing_ops": "every stage runs the forward and the backward of every micro-batch exactly once.",
-    "backward_before_forward": "a backward needs the activations its forward saved: on every stage, ('B', mb) must "
-                               "come after ('F', mb).",
-    "gpipe": "all forwards before the first backward is GPipe: stage s then holds m micro-batches of activations. "
-             "1F1B warms up with p - s - 1 forwards, then alternates one forward, one backward.",
-    "deadlock": "a stage waits to receive something that its neighbour will only send after it has received "
-                "something from this stage. Warm-up is p - s - 1 forwards (the FIRST stage warms up the most, the "
-                "last not at all), and every stage runs the micro-batches in the same order, 0, 1, 2, ...",
-    "too_many_in_flight": "stage s may hold at most p - s micro-batches of activations: warm up with exactly "
-                          "p - s - 1 forwards (at most m), then one forward, one backward.",
-    "bubble": "the schedule is correct but idles more than 1F1B's (p-1)/(m+p-1): with too little warm-up a stage "
-              "waits for its backward. Warm up with p - s - 1 forwards (at most m).",
-    "wrong_values": "the loss or the gradients differ from one process's: run every micro-batch once, forward then "
-                    "backward, on every stage.",
+    "no_divisibility_check": "micro-batches go through in groups of p: when m is not a multiple of p, raise "
+                             "ValueError at once, naming m and p (and the nearest multiples of p that would do).",
+    "not_ops": "return a list of tuples (kind, mb, chunk): kind 'F' or 'B', 0 <= mb < microbatches, "
+               "0 <= chunk < chunks.",
+    "missing_ops": "every rank runs the forward and the backward of every (micro-batch, chunk) exactly once: "
+                   "2 v m ops.",
+    "backward_before_forward": "a backward needs the activations its forward saved: on every rank, ('B', mb, c) must "
+                               "come after ('F', mb, c).",
+    "deadlock": "a rank waits for something its neighbour will only send after it has received something from this "
+                "rank. The forward of chunk c on rank r needs the same chunk's forward on rank r - 1 (on rank 0: "
+                "chunk c - 1 on the last rank); backwards go the other way. Send micro-batches in groups of p: "
+                "the p of a group through chunk 0, the same p through chunk 1, ...; backwards with the chunks "
+                "reversed; warm-up (p - r - 1) 2 + (v - 1) p forwards.",
+    "all_forwards_first": "every forward before the first backward is interleaved GPipe: rank r then holds all v m "
+                          "micro-batch chunks. Warm up with (p - r - 1) 2 + (v - 1) p forwards, then alternate one "
+                          "forward and one backward.",
+    "too_many_in_flight": "rank r may hold at most (p - r - 1) 2 + (v - 1) p + 1 micro-batch chunks of activations "
+                          "(all v m when m = p): warm up with exactly (p - r - 1) 2 + (v - 1) p forwards (at most v m), "
+                          "then one forward, one backward.",
+    "bubble": "the order is correct but idles more than (p-1)/(vm+p-1): with too little warm-up a rank waits for its "
+              "backward, and with micro-batches in groups other than p a virtual stage waits for the one before it.",
+    "not_megatron": "your order passes every check above but is not Megatron's (torch's ScheduleInterleaved1F1B "
+                    "computes it): the k-th forward of a rank is micro-batch (k // (p v)) p + k % p of chunk "
+                    "(k % (p v)) // p; the k-th backward the same, chunk v - 1 - that; warm-up (p - r - 1) 2 + "
+                    "(v - 1) p forwards, all v m when m = p.",
+    "deadlock_torch": "the ranks never finished building torch's schedule: a crash or hang outside your function.",
 }
 
 
+def _bound(rank, p, m, v):
+    """Micro-batch chunks rank ``rank`` may hold: Megatron's warm-up + 1 (all of them when m = p)."""
+    total = v * m
+    return total if m == p else min(total, (p - rank - 1) * 2 + (v - 1) * p + 1)
 
-def _orders(fn, p, m):
-    """The learner's op lists for every stage, checked for form (not_ops / missing_ops)."""
+
+def _orders(fn, p, m, v):
+    """The learner's op lists for every rank, checked for form (not_ops / missing_ops)."""
     __tracebackhide__ = True
     orders = []
-    for s in range(p):
-        ops = fn(s, p, m)
-        label = f"p={p}, m={m}, stage {s}: your ops are {ops}"
+    want = sorted((kind, mb, c) for kind in "FB" for mb in range(m) for c in range(v))
+    for r in range(p):
+        ops = fn(r, p, m, v)
+        label = f"p={p}, m={m}, v={v}, rank {r}: your ops are {ops}"
         if not isinstance(ops, list | tuple) or not all(
-                isinstance(op, tuple) and len(op) == 2 and op[0] in ("F", "B") and isinstance(op[1], int)
-                and not isinstance(op[1], bool) and 0 <= op[1] < m for op in ops):
-            fail(PIPELINE_HINTS, "not_ops", f"{label}; each must be ('F', mb) or ('B', mb) with 0 <= mb < {m}.")
-        want = sorted([("B", k) for k in range(m)] + [("F", k) for k in range(m)])
+                isinstance(op, tuple) and len(op) == 3 and op[0] in ("F", "B")
+                and all(isinstance(k, int) and not isinstance(k, bool) for k in op[1:])
+                and 0 <= op[1] < m and 0 <= op[2] < v for op in ops):
+            fail(PIPELINE_HINTS, "not_ops", f"{label}; each must be ('F' or 'B', mb, chunk) with 0 <= mb < {m}, "
+                                            f"0 <= chunk < {v}.")
         if sorted(ops) != want:
             missing = sorted(set(want) - set(ops))
             extra = sorted(op for op in set(ops) if list(ops).count(op) > 1)
@@ -71,96 +91,77 @@ def _orders(fn, p, m):
     return orders
 
 
-def _check_structure(orders, p, m):
-    """Dependencies, GPipe, deadlock, memory and bubble of one (p, m) case; returns its summary line."""
+def _check_structure(orders, p, m, v):
+    """Dependencies, deadlock, memory and bubble of one (p, m, v) case; returns its summary line."""
     __tracebackhide__ = True
-    for s, ops in enumerate(orders):
-        label = f"p={p}, m={m}, stage {s}: your ops are {ops}"
-        for i, (kind, mb) in enumerate(ops):
-            if kind == "B" and ("F", mb) not in ops[:i]:
-                fail(PIPELINE_HINTS, "backward_before_forward", f"{label}; ('B', {mb}) comes before ('F', {mb}).")
-        first_b = next(i for i, op in enumerate(ops) if op[0] == "B")
-        if first_b == m and m > p - s:
-            fail(PIPELINE_HINTS, "gpipe", f"{label}; all {m} forwards run before the first backward, so stage {s} holds {m} "
-                  f"micro-batches; 1F1B holds {p - s}.")
+    case = f"p={p}, m={m}, v={v}"
+    for r, ops in enumerate(orders):
+        for i, (kind, mb, c) in enumerate(ops):
+            if kind == "B" and ("F", mb, c) not in ops[:i]:
+                fail(PIPELINE_HINTS, "backward_before_forward", f"{case}, rank {r}: ('B', {mb}, {c}) comes before "
+                                                                f"('F', {mb}, {c}). Your ops: {ops}")
     try:
-        timeline = simulate(orders)
+        timelines = [simulate(orders, forward, backward, chunks=v) for forward, backward in ((1.0, 1.0), (1.0, 2.0))]
     except PipelineDeadlock as err:
-        fail(PIPELINE_HINTS, "deadlock", f"p={p}, m={m}: {err} Your lists: {orders}")
+        fail(PIPELINE_HINTS, "deadlock", f"{case}: {err} Your lists: {orders}")
     held = [peak_in_flight(ops) for ops in orders]
-    for s, h in enumerate(held):
-        if h > min(p - s, m):
-            fail(PIPELINE_HINTS, "too_many_in_flight", f"p={p}, m={m}: stage {s} holds up to {h} micro-batches of activations at "
-                  f"once; 1F1B holds min(p - s, m) = {min(p - s, m)}. Your ops: {orders[s]}")
-    idle, formula = idle_fraction(timeline), bubble_fraction(p, m)
-    if idle > formula + 1e-9:
-        fail(PIPELINE_HINTS, "bubble", f"p={p}, m={m}: with unit costs your schedule idles {idle:.1%} of the time, 1F1B "
-              f"{formula:.1%}.")
-    return f"p={p}, m={m}: deadlock-free, activations held per stage {held}, simulated bubble {idle:.1%} = " \
-           f"(p-1)/(m+p-1)"
+    for r, (h, ops) in enumerate(zip(held, orders)):
+        if h > _bound(r, p, m, v):
+            first_b = next(i for i, op in enumerate(ops) if op[0] == "B")
+            mistake = "all_forwards_first" if first_b == v * m else "too_many_in_flight"
+            fail(PIPELINE_HINTS, mistake, f"{case}: rank {r} holds up to {h} micro-batch chunks of activations at "
+                                          f"once; Megatron's warm-up holds {_bound(r, p, m, v)}. Your ops: {ops}")
+    formula = bubble_fraction(p, m, v)
+    for timeline, costs in zip(timelines, ("1:1", "1:2")):
+        idle = idle_fraction(timeline)
+        if idle > formula + 1e-9:
+            fail(PIPELINE_HINTS, "bubble", f"{case}: simulated with forward:backward = {costs}, your order idles "
+                                           f"{idle:.1%} of the step; (p-1)/(vm+p-1) = {formula:.1%}.")
+    return f"{case}: deadlock-free, chunks held per rank {held}, simulated bubble {formula:.1%} = (p-1)/(vm+p-1)"
 
 
-def tower(layers, width=16, seed=0):
-    """The lab's model: ``layers`` x (Linear, tanh) then a 4-class head, one stage cut per layer boundary."""
-    torch.manual_seed(seed)
-    blocks = [nn.Sequential(nn.Linear(width, width), nn.Tanh()) for _ in range(layers - 1)]
-    return nn.Sequential(*blocks, nn.Linear(width, 4))
+def _torch_order(m, v):
+    """Runs on every rank: torch's ScheduleInterleaved1F1B for p ranks x v tiny stages; rank 0 returns its order."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
 
-
-def _lab_data(m, width=16, rows=3):
-    g = torch.Generator().manual_seed(1)
-    return torch.randn(m * rows, width, generator=g), torch.randint(0, 4, (m * rows,), generator=g)
-
-
-def _run_on_rank(orders, m):
-    """Runs on every rank: this stage of the tower, through the learner's op list; returns loss and grads."""
     rank, p, device = dist.get_rank(), dist.get_world_size(), rank_device()
-    model = tower(2 * p).to(device)
-    x, y = (t.to(device) for t in _lab_data(m))
-    start, stop = split_layers(len(model), p)[rank]
-    stage = model[start:stop]
-    rows = microbatch_size(len(x), m)
-    result = run_stage(stage, orders[rank], stage=rank, stages=p, x_mbs=x.chunk(m), y_mbs=y.chunk(m),
-                       recv_shape=(rows, 16), loss_fn=F.cross_entropy, track_memory=True)
-    grads = {name: p_.grad for name, p_ in stage.named_parameters()}  # a slice of a Sequential keeps the names
-    loss = torch.stack(result["losses"]).sum() if result["losses"] else None
-    return loss, grads, result["peak_count"]
+    out = {"error": None, "order": None}
+    try:
+        stages = [PipelineStage(nn.Linear(4, 4).to(device), c * p + rank, p * v, device) for c in range(v)]
+        schedule = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=nn.functional.mse_loss)
+        out["order"] = {r: [("F" if a.computation_type.name == "FORWARD" else "B", a.microbatch_index,
+                             a.stage_index // p) for a in actions if a is not None]
+                        for r, actions in schedule.pipeline_order.items()}
+    except Exception as exc:  # noqa: BLE001
+        out["error"] = caught(exc, "torch's ScheduleInterleaved1F1B")
+    return out
 
 
-def reference_grads(p, m):
-    """One process, the whole batch: the loss and the gradient of every parameter of the tower."""
-    model = tower(2 * p)
-    x, y = _lab_data(m)
-    loss = F.cross_entropy(model(x), y)
-    loss.backward()
-    return loss.detach(), {name: p_.grad for name, p_ in model.named_parameters()}
-
-
-def check_one_f_one_b(fn, world_sizes=(2,), timeout=60):
-    """Check the learner's ``fn(stage, stages, microbatches)``: structure on ``CASES``, then a run on each of
-    ``world_sizes`` ranks with m = 2p micro-batches, against one process's loss and gradients."""
+def check_interleaved(fn, world_sizes=(2,), timeout=60.0):
+    """Check ``fn(rank, ranks, microbatches, chunks)``: arguments, then the structure on ``CASES``, then the order
+    torch computes on each of ``world_sizes`` ranks (m = 2p micro-batches, v = 2 chunks)."""
     __tracebackhide__ = True
-    lines = [_check_structure(_orders(fn, p, m), p, m) for p, m in CASES]
+    try:
+        fn(0, 3, 4, 2)
+        refused = None
+    except ValueError as err:
+        refused = str(err)
+    if refused is None or "4" not in refused or "3" not in refused:
+        fail(PIPELINE_HINTS, "no_divisibility_check", "fn(0, 3, 4, 2), 4 micro-batches on 3 ranks, "
+                                                      f"{'raised ValueError: ' + refused if refused else 'did not raise'}.")
+    lines = [_check_structure(_orders(fn, p, m, v), p, m, v) for p, m, v in CASES]
     for p in world_sizes:
-        m = 2 * p
-        orders = _orders(fn, p, m)
-        _check_structure(orders, p, m)
-        ranks = launch_answer(_run_on_rank, (orders, m), p, timeout, "one_f_one_b's schedule",
-                        PIPELINE_HINTS["deadlock"])
-        ref_loss, ref_grads = reference_grads(p, m)
-        loss = ranks[-1][0]
-        diff = 0.0
-        for name, ref in ref_grads.items():
-            got = next(r[1][name] for r in ranks if name in r[1])
-            if got is None or not torch.allclose(got, ref, **GRAD_TOL):
-                fail(PIPELINE_HINTS, "wrong_values", f"on {p} ranks, m={m}: the gradient of {name} differs from one process's "
-                      f"(max diff {(ref if got is None else got - ref).abs().max():.3g}).", p)
-            diff = max(diff, (got - ref).abs().max().item())
-        if not torch.allclose(loss, ref_loss, **GRAD_TOL):
-            fail(PIPELINE_HINTS, "wrong_values", f"on {p} ranks, m={m}: loss {loss.item():.6f}, one process {ref_loss.item():.6f}.", p)
-        held = [r[2] for r in ranks]
-        lines.append(f"run on {p} ranks, m={m}: loss {loss.item():.5f} = one process's, max gradient diff {diff:.1e}; "
-                     f"measured activations held per stage {held} (<= p - s)")
-        if any(h > p - s for s, h in enumerate(held)):
-            fail(PIPELINE_HINTS, "too_many_in_flight", f"on {p} ranks, m={m}: measured activations held per stage {held}.", p)
-    return CheckResult("one_f_one_b", lines)
+        m, v = 2 * p, 2
+        orders = _orders(fn, p, m, v)
+        _check_structure(orders, p, m, v)
+        ranks = launch_answer(_torch_order, (m, v), p, timeout, "torch's schedule", PIPELINE_HINTS["deadlock_torch"])
+        raise_if_error(first_error(ranks), p, PIPELINE_HINTS)
+        torch_orders = ranks[0]["order"]
+        for r in range(p):
+            if orders[r] != torch_orders[r]:
+                at = next(i for i, (a, b) in enumerate(zip(orders[r] + [None], torch_orders[r] + [None])) if a != b)
+                fail(PIPELINE_HINTS, "not_megatron", f"p={p}, m={m}, v={v}, rank {r}: op {at} is {orders[r][at]}, "
+                                                     f"torch's is {torch_orders[r][at]} (ops before it agree).", p)
+        lines.append(f"on {p} ranks, m={m}, v={v}: your order = torch's ScheduleInterleaved1F1B's on every rank, "
+                     f"{len(orders[0])} ops each")
+    return CheckResult("interleaved_one_f_one_b", lines)

@@ -1,234 +1,197 @@
-"""The checker of lab 05 (tensor parallelism): Megatron's f and g, and the column- and row-parallel linears.
+"""The checker of lab 05 (tensor parallelism): Megatron's vocabulary-parallel cross-entropy.
 
-Used by ``labs/05_tensor_parallel_lab.ipynb``; notebook 05 derives what is checked here. The
-learner writes two ``torch.autograd.Function`` classes, ``f`` (CopyToTensorParallelRegion:
-identity forward, all-reduce backward) and ``g`` (ReduceFromTensorParallelRegion: all-reduce
-forward, identity backward), and two modules built from a full ``nn.Linear``:
-``ColumnParallelLinear(full, rank, world_size)`` (weight (out/t, in), bias (out/t,)) and
-``RowParallelLinear(full, rank, world_size)`` (weight (out, in/t), bias (out,), added once).
-Same conventions as every lab (``utils.checkers.common``): a ``CheckResult`` on success, else ``LabCheckFailed`` with
-``.mistake`` and ``.hint``. Three kinds of evidence:
+Used by ``labs/05_tensor_parallel_lab.ipynb``; lesson 05 derives the column-parallel split it
+starts from. The learner writes ``VocabParallelCrossEntropy``, a ``torch.autograd.Function`` whose
+``forward(ctx, logits, target)`` gets this rank's (tokens, v/t) block of the logits (rank r holds
+words [r v/t, (r+1) v/t)) and every token's target word, and returns the per-token losses,
+(tokens,), the same on every rank. Same conventions as every lab (``utils.checkers.common``): a
+``CheckResult`` on success, else ``LabCheckFailed`` with ``.mistake`` and ``.hint``.
 
-- **values**: on small integer inputs the operators' outputs and gradients are exact, so a wrong
-  one *looks like* a known mistake (the input untouched where a sum was due, or the reverse);
-  the layers' outputs and every gradient are compared with ``nn.Linear``'s (float32, rtol 1e-5);
-- **collectives**: ``CommLedger`` says which layer all-reduces what, in which direction: the column
-  layer must all-reduce only in backward (its input's gradient), the row layer only in forward;
-- **shapes**: a weight split along the wrong dimension shows in its shape before anything runs.
+It checks the *technique*, not only the numbers, because a wrong technique reaches the right numbers:
+
+- **communication** (``CommLedger``): forward all-reduces at most 3 values per token (the max, the
+  target's logit, the sum of exps), and backward nothing. An answer that all-gathers the logits
+  (b·s·v values: what the split was meant to avoid) gets the right loss and is rejected;
+- **values**, on three sets of logits, so that each shortcut shows: *tame* (every rank's block has
+  the same max), *spread* (rank r's block is 4r higher: a per-rank max no longer adds up) and
+  *large* (logits near 200: exp overflows float32 unless the max is subtracted). The loss and
+  the logit gradient are compared with ``F.cross_entropy`` on the whole vocabulary, with the
+  tokens weighted in backward (so a backward that ignores its ``grad`` argument shows);
+- **the caller's tensor** is left as it was.
 """
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import nn
 
 from ..ledger import CommLedger
-from .common import CheckResult, caught, fail, first_error, launch_answer, raise_if_error
+from .common import GRAD_TOL, CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error
 
 TP_HINTS = {
-    "f_g_swapped": "the all-reduce runs in the wrong direction: f (before a column-parallel layer) is identity in "
-                   "forward and all-reduces the gradient in backward; g (after a row-parallel layer) all-reduces "
-                   "in forward and passes the gradient through in backward.",
-    "missing_backward_all_reduce": "each rank's input gradient comes from its own slice of the weight only: f's "
-                                   "backward must all-reduce it (dist.all_reduce on a copy of grad), and the "
-                                   "column-parallel layer must call f on its input.",
-    "missing_forward_all_reduce": "each rank's row-parallel output is a partial sum X_r B_r: g's forward must "
-                                  "all-reduce it (on a copy), and the row-parallel layer must call g.",
-    "all_reduce_both_ways": "an operator all-reduces in forward AND backward: one direction only. f: identity "
-                            "forward; g: identity backward (the gradient of a sum is the same on every rank).",
-    "in_place": "do not all-reduce the tensor you were given: it belongs to the caller (and to autograd). "
-                "All-reduce a copy, x.clone(), and return that.",
-    "wrong_dimension": "column-parallel splits the OUTPUT features: rows of nn.Linear's weight, "
-                       "weight.chunk(t, dim=0), and the bias with them; row-parallel splits the INPUT features: "
-                       "weight.chunk(t, dim=1), and keeps the whole bias.",
-    "shape": "column-parallel: weight (out/t, in), bias (out/t,); row-parallel: weight (out, in/t), bias (out,).",
-    "bias_every_rank": "the row-parallel bias is added on every rank BEFORE the all-reduce, so the sum holds it t "
-                       "times: add it once, after g (z = g(y_r @ W_r^T) + b).",
-    "no_divisibility_check": "call utils.tensor_parallel.check_tp_degree(world_size, out_features=...) (column) or "
-                             "(..., in_features=...) (row) first: it raises ValueError naming the numbers and the "
-                             "degrees that fit, before any rank gets a piece of the wrong size.",
-    "wrong": "compare with the notebook: the column layer computes F.linear(f(x), W_r, b_r), the row layer "
-             "g(F.linear(y_r, W_r)) + b.",
-    "deadlock": "every rank must call the same collectives in the same order: an all-reduce that only some "
-                "ranks reach waits forever.",
+    "gathered_logits": "you moved the logits themselves (tokens x v values per rank) to compute the loss: the "
+                       "right numbers, the wrong way, and exactly the traffic the split was for. The loss needs only "
+                       "three numbers per token from the whole vocabulary: its max (dist.all_reduce with "
+                       "op=dist.ReduceOp.MAX), the sum of exp(x - max) and the target's logit (from the one rank that "
+                       "holds it). All-reduce those, (tokens,) each.",
+    "extra_collectives": "forward needs at most three all-reduces of one value per token (the max, the target's logit, "
+                         "the sum of exps); more moves bytes the loss does not need.",
+    "missing_all_reduce": "each rank holds only v/t logits of every token: the max, the sum of exps and the target's "
+                          "logit must be combined over the ranks with dist.all_reduce, or each rank computes a loss "
+                          "over its own words only.",
+    "backward_comm": "the gradient of each logit, softmax - one-hot, is made of numbers this rank already has after "
+                     "forward: backward needs no communication (and an all-reduce there multiplies it by t).",
+    "in_place": "do not change the logits you were given (logits -= max changes the caller's tensor, and "
+                "autograd's): compute shifted = logits - max, a new tensor.",
+    "target_not_masked": "only the rank that holds the target word may contribute its logit: local = target - start, "
+                         "and zero the picked value where the target is outside [start, start + v/t) before the "
+                         "all-reduce; otherwise every rank adds the logit of some other word.",
+    "local_max": "subtract the max over the WHOLE vocabulary, the same number on every rank "
+                 "(all_reduce(top, op=dist.ReduceOp.MAX)): with each rank's own max, the ranks' sums of exp are on "
+                 "different scales and cannot be added.",
+    "overflow": "exp(200) is inf in float32: subtract each token's max logit (over the whole vocabulary) before exp.",
+    "grad_output_ignored": "backward receives grad, d(what the caller made of the losses)/d(each token's loss), not "
+                           "always 1 (the checker weights the tokens): multiply your gradient by grad.unsqueeze(-1).",
+    "no_one_hot": "the gradient of -x_target is -1 at the target word: subtract 1 at the target's column, on the rank "
+                  "that holds it only (softmax - one-hot).",
+    "wrong_values": "follow the three steps: M = the max over the vocabulary; picked = x_target - M, from the rank "
+                    "that holds the target; loss = log(sum over the vocabulary of exp(x - M)) - picked.",
+    "wrong_grad": "the gradient of a token's loss with respect to its logits is softmax(x) - one_hot(target), on this "
+                  "rank's columns, times grad: softmax = exp(x - M) / (the summed exps), saved in forward.",
+    "not_per_token": "return one loss per token, shape (tokens,), the same on every rank (the caller takes the mean).",
+    "backward_returns": "backward returns one gradient per input of forward: (gradient of the logits, None) - the "
+                        "target is a tensor of word ids, it has no gradient.",
+    "deadlock": "every rank must call the same all-reduces in the same order, also a rank that holds the target word "
+                "of no token (it contributes zeros).",
 }
-ERROR_PHRASES = [("shapes cannot be multiplied", "wrong_dimension"), ("size mismatch", "wrong_dimension")]
-IN, HIDDEN, OUT, BATCH = 12, 120, 10, 6  # the checker's MLP: IN -> HIDDEN (column) -> OUT (row);
-# 120: whole, equal slices on 1-6 and 8 ranks
+ERROR_PHRASES = [("incorrect number of gradients", "backward_returns"),
+                 ("Connection closed by peer", "deadlock")]  # gloo, when the ranks' collectives do not pair up
+TOKENS, WIDTH = 12, 8  # tokens per check; words per rank: the vocabulary is WIDTH x world_size
+CASES = ("tame", "spread", "large")
 
 
+def make_case(case, world_size, tokens=TOKENS, width=WIDTH):
+    """The whole (tokens, v) logits, the targets (every rank holds some) and the per-token weights of backward."""
+    gen = torch.Generator().manual_seed(7)
+    vocab = width * world_size
+    logits = torch.randn(tokens, vocab, generator=gen).clamp(-3, 3)
+    owner = torch.arange(vocab) // width  # the rank that holds each word
+    if case == "tame":
+        logits[:, owner.diff(prepend=torch.tensor([-1])) != 0] = 4.0  # every block's max is 4: local max = global
+    elif case == "spread":
+        logits += 4.0 * owner  # rank r's block 4r higher
+    else:
+        logits += 200.0
+    target = (torch.arange(tokens) % world_size) * width + torch.randint(0, width, (tokens,), generator=gen)
+    weights = torch.arange(1.0, tokens + 1) / tokens  # d(total)/d(loss of each token): not all 1
+    return logits, target, weights
 
-# ------------------------------------------------------------------------------------------------ f and g
 
-def _operators_on_rank(f, g):
-    """Runs on every rank: each operator on (rank + 1) x [1..6], then backward of 10 (rank + 1) x [1..6]."""
-    rank, out = dist.get_rank(), {"error": None}
-    base = torch.arange(1.0, 7.0)
-    for name, op in (("f", f), ("g", g)):
-        x = ((rank + 1) * base).requires_grad_()
+def _cross_entropy_on_rank(cls):
+    """Runs on every rank: the learner's loss of this rank's block of each case, its gradient, the collectives."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = {"error": None}
+    for case in CASES:
+        logits, target, weights = make_case(case, n)
+        block = logits[:, rank * WIDTH:(rank + 1) * WIDTH].clone().requires_grad_()
         try:
             with CommLedger() as forward:
-                y = op.apply(x)
-            changed = not torch.equal(x.detach(), (rank + 1) * base)
+                loss = cls.apply(block, target)
+            changed = not torch.equal(block.detach(), logits[:, rank * WIDTH:(rank + 1) * WIDTH])
+            shape = tuple(loss.shape)
             with CommLedger() as backward:
-                y.backward(10 * (rank + 1) * base)
+                (loss if shape == (TOKENS,) else loss.sum()).backward(weights if shape == (TOKENS,) else None)
         except Exception as exc:  # noqa: BLE001 - reported to the learner in the kernel
-            out["error"] = caught(exc, f"{name}")
+            out["error"] = caught(exc, f"VocabParallelCrossEntropy ({case} logits)")
             return out
-        out[name] = {"y": y.detach().clone(), "grad": x.grad.clone(), "changed": changed,
-                     "ops": ([r.op for r in forward.records], [r.op for r in backward.records])}
+        out[case] = {"loss": loss.detach().clone(), "grad": block.grad, "changed": changed, "shape": shape,
+                     "forward": [(r.op, r.payload_bytes) for r in forward.records],
+                     "backward": [(r.op, r.payload_bytes) for r in backward.records]}
     return out
 
 
-def _judge_operator(name, r, own, total, own_grad, total_grad, n):
-    """f must give (own, summed gradient), g (sum, own gradient); anything else looks like a known mistake."""
+def _judge_collectives(r, n):
     __tracebackhide__ = True
-    y = "own" if torch.equal(r["y"], own) else "sum" if torch.equal(r["y"], total) else "other"
-    grad = "own" if torch.equal(r["grad"], own_grad) else "sum" if torch.equal(r["grad"], total_grad) else "other"
-    want = ("own", "sum") if name == "f" else ("sum", "own")
-    told = f"{name}: forward gave {r['y'].tolist()}, input gradient {r['grad'].tolist()}"
-    if (y, grad) == want:
-        return
-    mistake = {("sum", "sum"): "all_reduce_both_ways", (want[1], want[0]): "f_g_swapped",
-               ("own", "own"): "missing_backward_all_reduce" if name == "f" else "missing_forward_all_reduce"}
-    fail(TP_HINTS, mistake.get((y, grad), "wrong"), f"{told} (own = this rank's, sum = summed over ranks: {y}, {grad}); "
-                                           f"expected {want[0]}, {want[1]}.", n)
+    forward, backward = r["forward"], r["backward"]
+    budget, whole = 3 * TOKENS * 4, TOKENS * WIDTH * 4  # bytes: 3 float32 per token; one rank's block of logits
+    told = f"forward called {forward or 'nothing'} (op, bytes); the budget is 3 values per token = {budget} B"
+    if not forward:
+        fail(TP_HINTS, "missing_all_reduce", f"{told}.", n)
+    if any(op != "all_reduce" for op, _ in forward) or any(b >= whole for _, b in forward):
+        fail(TP_HINTS, "gathered_logits", f"{told}; the logits themselves are {whole} B per rank, {whole * n} B in "
+                                          "all.", n)
+    if sum(b for _, b in forward) > budget:
+        fail(TP_HINTS, "extra_collectives", f"{told}.", n)
+    if backward:
+        fail(TP_HINTS, "backward_comm", f"backward called {backward} (op, bytes); it needs nothing.", n)
 
 
-def check_operators(f, g, world_sizes=(2, 4), timeout=30.0):
-    """Check Megatron's conjugate operators: ``f`` identity / all-reduce, ``g`` all-reduce / identity.
+def _unmasked(logits, target, n):
+    """What an answer that picks a column on every rank, without the owner's mask, computes (with and without M)."""
+    top = logits.max(-1).values
+    local = (target - torch.arange(n)[:, None] * WIDTH).clamp(0, WIDTH - 1)  # (n, tokens): the column each rank picks
+    picked = torch.stack([logits[:, r * WIDTH:(r + 1) * WIDTH].gather(-1, local[r, :, None]).squeeze(-1)
+                          for r in range(n)]).sum(0)
+    lse = torch.logsumexp(logits, -1)
+    return lse - picked, lse - top - (picked - n * top)
 
-    On each world size n every rank feeds (rank + 1) x [1, ..., 6] (exact sums) and back-propagates
-    10 (rank + 1) x [1, ..., 6]; the outputs, the input gradients, and that the caller's tensor is
-    left untouched are checked. Returns a ``CheckResult``; raises ``LabCheckFailed`` with a hint.
+
+def _judge_values(case, rank, r, n):
+    __tracebackhide__ = True
+    logits, target, weights = make_case(case, n)
+    want = F.cross_entropy(logits, target, reduction="none")
+    softmax = torch.softmax(logits, -1)[:, rank * WIDTH:(rank + 1) * WIDTH]
+    one_hot = F.one_hot(target, n * WIDTH).float()[:, rank * WIDTH:(rank + 1) * WIDTH]
+    want_grad = (softmax - one_hot) * weights[:, None]
+    loss, grad = r["loss"], r["grad"]
+    told = f"rank {rank}, {case} logits"
+    if not (torch.isfinite(loss).all() and (grad is None or torch.isfinite(grad).all())):
+        fail(TP_HINTS, "overflow", f"{told}: loss {loss.tolist()[:4]} ... is not finite.", n)
+    if not close(loss, want, GRAD_TOL):
+        if case == "spread":
+            fail(TP_HINTS, "local_max", f"{told}: the loss is right when every rank's block has the same max and "
+                                        f"wrong when they differ: {loss[:3].tolist()} ..., expected "
+                                        f"{want[:3].tolist()} ...", n)
+        mistake = "target_not_masked" if any(close(loss, u, GRAD_TOL) for u in _unmasked(logits, target, n)) \
+            else "wrong_values"
+        fail(TP_HINTS, mistake, f"{told}: loss {loss[:3].tolist()} ..., expected {want[:3].tolist()} ... (max |diff| "
+                                f"{(loss - want).abs().max():.2e}).", n)
+    if grad is None:
+        fail(TP_HINTS, "wrong_grad", f"{told}: the logits got no gradient.", n)
+    if not close(grad, want_grad, GRAD_TOL):
+        guesses = {"grad_output_ignored": softmax - one_hot, "no_one_hot": softmax * weights[:, None]}
+        mistake = next((m for m, g in guesses.items() if close(grad, g, GRAD_TOL)), "wrong_grad")
+        fail(TP_HINTS, mistake, f"{told}: the gradient of the logits differs from softmax - one-hot, times the "
+                                f"tokens' weights (max |diff| {(grad - want_grad).abs().max():.2e}).", n)
+    return max((loss - want).abs().max().item(), (grad - want_grad).abs().max().item())
+
+
+def check_vocab_parallel_cross_entropy(cls, world_sizes=(2, 4), timeout=30.0):
+    """Check ``cls``, a ``torch.autograd.Function``: ``cls.apply(logits_block, target)`` -> per-token losses.
+
+    On each world size n every rank holds WIDTH = 8 words of a vocabulary of 8n and 12 tokens.
+    Returns a ``CheckResult``; raises ``LabCheckFailed`` with the mistake recognised and its hint.
     """
     __tracebackhide__ = True
     lines = []
     for n in world_sizes:
-        ranks = launch_answer(_operators_on_rank, (f, g), n, timeout, "f and g", TP_HINTS["deadlock"])
-        raise_if_error(first_error(ranks), n, TP_HINTS)
-        base, total = torch.arange(1.0, 7.0), n * (n + 1) / 2
-        for rank, r in enumerate(ranks):
-            for name in ("f", "g"):
-                _judge_operator(name, r[name], (rank + 1) * base, total * base, 10 * (rank + 1) * base,
-                                10 * total * base, n)
-                if r[name]["changed"]:
-                    fail(TP_HINTS, "in_place", f"{name} changed the tensor it was given on rank {rank}.", n)
-        lines.append(f"world_size={n}: f = identity forward, summed gradient; g = summed forward, identity "
-                     f"backward; exact on every rank, inputs untouched")
-    return CheckResult("f and g", lines)
-
-
-# ------------------------------------------------------------------------------------------------ the layers
-
-def _layers_on_rank(column_cls, row_cls):
-    """Runs on every rank: the MLP IN -> HIDDEN -> OUT split column/row beside the full one, same seed."""
-    rank, n = dist.get_rank(), dist.get_world_size()
-    out = {"error": None, "refused": {}}
-    torch.manual_seed(0)
-    fc1, fc2 = nn.Linear(IN, HIDDEN), nn.Linear(HIDDEN, OUT)
-    with torch.no_grad():
-        fc2.bias.uniform_(1.0, 2.0)  # a bias that shows when it is added t times
-    gen = torch.Generator().manual_seed(1)
-    x, weights = torch.randn(BATCH, IN, generator=gen), torch.randn(BATCH, OUT, generator=gen)
-    for cls, bad in ((column_cls, nn.Linear(IN, n + 1)), (row_cls, nn.Linear(n + 1, OUT))):  # n never divides n+1
-        try:
-            cls(bad, rank, n)
-            out["refused"][cls.__name__] = None
-        except Exception as exc:  # noqa: BLE001
-            out["refused"][cls.__name__] = f"{type(exc).__name__}: {exc}"
-    try:
-        column, row = column_cls(fc1, rank, n), row_cls(fc2, rank, n)
-        out["shapes"] = [tuple(p.shape) for p in (column.weight, column.bias, row.weight, row.bias)]
-        x_split = x.clone().requires_grad_()
-        with CommLedger() as col_fwd:
-            hidden = column(x_split)
-        with CommLedger() as row_fwd:
-            y = row(F.gelu(hidden))
-        with CommLedger() as bwd:
-            (y * weights).sum().backward()
-    except Exception as exc:  # noqa: BLE001 - reported to the learner in the kernel
-        out["error"] = caught(exc, "your layers")
-        return out
-    x_full = x.clone().requires_grad_()
-    y_ref = fc2(F.gelu(fc1(x_full)))
-    (y_ref * weights).sum().backward()
-    out["ops"] = {k: [(r.op, r.payload_bytes) for r in led.records] for k, led in
-                  (("column forward", col_fwd), ("row forward", row_fwd), ("backward", bwd))}
-    out["pairs"] = {  # name: (yours, the full layer's piece)
-        "output": (y.detach(), y_ref.detach()), "input gradient": (x_split.grad, x_full.grad),
-        "column weight gradient": (column.weight.grad, fc1.weight.grad.chunk(n, 0)[rank]),
-        "column bias gradient": (column.bias.grad, fc1.bias.grad.chunk(n, 0)[rank]),
-        "row weight gradient": (row.weight.grad, fc2.weight.grad.chunk(n, 1)[rank]),
-        "row bias gradient": (row.bias.grad, fc2.bias.grad)}
-    out["bias"] = fc2.bias.detach().clone()
-    return out
-
-
-def _judge_shapes(shapes, n):
-    __tracebackhide__ = True
-    want = [(HIDDEN // n, IN), (HIDDEN // n,), (OUT, HIDDEN // n), (OUT,)]
-    if shapes == want:
-        return
-    if shapes[0] == (HIDDEN, IN // n) or shapes[2] == (OUT // n, HIDDEN) or shapes[2] == (-(-OUT // n), HIDDEN):
-        fail(TP_HINTS, "wrong_dimension", f"column weight {shapes[0]}, row weight {shapes[2]}; for nn.Linear({IN}, {HIDDEN}) "
-                                 f"and nn.Linear({HIDDEN}, {OUT}) on {n} ranks expected {want[0]} and {want[2]}.", n)
-    fail(TP_HINTS, "shape", f"(column weight, column bias, row weight, row bias) shapes {shapes}, expected {want}.", n)
-
-
-def _judge_collectives(ops, n):
-    """Which layer all-reduced what: the payload says whose tensor it was (IN, HIDDEN and OUT differ)."""
-    __tracebackhide__ = True
-    x_bytes, y_bytes = BATCH * IN * 4, BATCH * OUT * 4
-    col_fwd, row_fwd, bwd = ops["column forward"], ops["row forward"], ops["backward"]
-    said = f"all-reduces seen (op, bytes): {ops}"
-    if col_fwd or (y_bytes in [b for _, b in bwd] and not row_fwd):
-        fail(TP_HINTS, "f_g_swapped", f"the column layer all-reduces in forward or the row layer in backward; {said}.", n)
-    if ("all_reduce", y_bytes) in bwd:
-        fail(TP_HINTS, "all_reduce_both_ways", f"the row layer's output gradient was all-reduced in backward; {said}.", n)
-    if row_fwd != [("all_reduce", y_bytes)]:
-        fail(TP_HINTS, "missing_forward_all_reduce", f"expected one all-reduce of the ({BATCH}, {OUT}) output in the row "
-                                            f"layer's forward; {said}.", n)
-    if bwd != [("all_reduce", x_bytes)]:
-        fail(TP_HINTS, "missing_backward_all_reduce", f"expected one all-reduce of the ({BATCH}, {IN}) input gradient in "
-                                             f"backward; {said}.", n)
-
-
-def check_parallel_linear(column_cls, row_cls, world_sizes=(2, 4), timeout=30.0):
-    """Check ``ColumnParallelLinear`` and ``RowParallelLinear`` as an MLP, beside the unsplit ``nn.Linear`` pair.
-
-    On each world size n: ``Linear(12, 120)`` split by columns, GeLU, ``Linear(120, 10)`` split by
-    rows, built on every rank from the same seed. Demands, in this order: the weights' shapes; one
-    all-reduce in the row layer's forward (the output) and one in backward (the input gradient),
-    none elsewhere; the output, the input gradient and every weight and bias gradient equal to the
-    full layers' (``torch.testing.assert_close``, rtol 1e-5); and a ``ValueError`` naming the
-    numbers for a layer whose features n does not divide.
-    """
-    __tracebackhide__ = True
-    lines = []
-    for n in world_sizes:
-        ranks = launch_answer(_layers_on_rank, (column_cls, row_cls), n, timeout, "the parallel layers", TP_HINTS["deadlock"])
-        first = ranks[0]
-        if "shapes" in first:
-            _judge_shapes(first["shapes"], n)
+        ranks = launch_answer(_cross_entropy_on_rank, (cls,), n, timeout, "VocabParallelCrossEntropy",
+                              TP_HINTS["deadlock"])
         raise_if_error(first_error(ranks), n, TP_HINTS, ERROR_PHRASES)
-        _judge_collectives(first["ops"], n)
         worst = 0.0
         for rank, r in enumerate(ranks):
-            y, y_ref = r["pairs"]["output"]
-            if torch.allclose(y, y_ref + (n - 1) * r["bias"], rtol=1e-5, atol=1e-5):
-                fail(TP_HINTS, "bias_every_rank", f"rank {rank}'s output = the full layer's + {n - 1} x the bias.", n)
-            for name, (got, want) in r["pairs"].items():
-                if got is None or got.shape != want.shape or not torch.allclose(got, want, rtol=1e-5, atol=1e-5):
-                    diff = "missing" if got is None else (f"shape {tuple(got.shape)}" if got.shape != want.shape
-                                                          else f"max |diff| {(got - want).abs().max():.2e}")
-                    fail(TP_HINTS, "wrong", f"rank {rank}: {name} differs from the full layers' ({diff}).", n)
-                worst = max(worst, (got - want).abs().max().item())
-        for name, refused in first["refused"].items():
-            if refused is None or not refused.startswith("ValueError") or str(n + 1) not in refused:
-                fail(TP_HINTS, "no_divisibility_check", f"{name} built from a layer of {n + 1} features on {n} ranks "
-                                               f"{'raised ' + refused if refused else 'did not complain'}.", n)
-        lines.append(f"world_size={n}: output, input gradient and 4 parameter gradients equal to nn.Linear's (max "
-                     f"|diff| {worst:.1e}); all-reduces: 1 forward ({BATCH}x{OUT}), 1 backward ({BATCH}x{IN}); "
-                     f"{n + 1} features on {n} ranks refused with ValueError")
-    return CheckResult("ColumnParallelLinear and RowParallelLinear", lines)
+            for case in CASES:
+                if r[case]["shape"] != (TOKENS,):
+                    fail(TP_HINTS, "not_per_token", f"rank {rank} returned a loss of shape {r[case]['shape']}; "
+                                                    f"expected ({TOKENS},).", n)
+                _judge_collectives(r[case], n)
+                if r[case]["changed"]:
+                    fail(TP_HINTS, "in_place", f"rank {rank}: the logits block it was given changed.", n)
+            for case in CASES:
+                worst = max(worst, _judge_values(case, rank, r[case], n))
+        calls = ranks[0]["tame"]["forward"]
+        lines.append(f"world_size={n}, v={n * WIDTH}, {TOKENS} tokens: losses and logit gradients equal to "
+                     f"F.cross_entropy's on the whole vocabulary (max |diff| {worst:.1e}), also with the ranks' "
+                     f"logits on different scales and near 200; forward: {len(calls)} all-reduces, "
+                     f"{sum(b for _, b in calls)} B (all-gathering the logits: {TOKENS * WIDTH * 4 * n} B); "
+                     "backward: no communication; the caller's logits untouched")
+    return CheckResult("VocabParallelCrossEntropy", lines)
