@@ -5,6 +5,6 @@
 - ``halving_doubling``: lab 01, ``check_halving_doubling``.
 - ``ddp``: lab 02, ``check_ddp`` (a ``BucketedDDP``).
 - ``zero``: lab 03, ``check_make_buckets``, ``check_bucketed_zero2``.
-- ``tensor_parallel``: lab 05, ``check_operators``, ``check_parallel_linear``.
-- ``pipeline_schedule``: lab 06, ``check_one_f_one_b``.
+- ``tensor_parallel``: lab 05, ``check_vocab_parallel_cross_entropy``.
+- ``pipeline_schedule``: lab 06, ``check_interleaved``.
 """
