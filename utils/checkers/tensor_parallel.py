@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ..launch import rank_device
 from ..ledger import CommLedger
 from .common import GRAD_TOL, CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error
 
@@ -64,7 +65,8 @@ TP_HINTS = {
                 "of no token (it contributes zeros).",
 }
 ERROR_PHRASES = [("incorrect number of gradients", "backward_returns"),
-                 ("Connection closed by peer", "deadlock")]  # gloo, when the ranks' collectives do not pair up
+                 ("Connection closed by peer", "deadlock"),  # gloo, when the ranks' collectives do not pair up
+                 ("Connection reset by peer", "deadlock")]  # the same, when the peer has already exited
 TOKENS, WIDTH = 12, 8  # tokens per check; words per rank: the vocabulary is WIDTH x world_size
 CASES = ("tame", "spread", "large")
 
@@ -88,10 +90,10 @@ def make_case(case, world_size, tokens=TOKENS, width=WIDTH):
 
 def _cross_entropy_on_rank(cls):
     """Runs on every rank: the learner's loss of this rank's block of each case, its gradient, the collectives."""
-    rank, n = dist.get_rank(), dist.get_world_size()
+    rank, n, device = dist.get_rank(), dist.get_world_size(), rank_device()  # CUDA under NCCL
     out = {"error": None}
     for case in CASES:
-        logits, target, weights = make_case(case, n)
+        logits, target, weights = (t.to(device) for t in make_case(case, n))
         block = logits[:, rank * WIDTH:(rank + 1) * WIDTH].clone().requires_grad_()
         try:
             with CommLedger() as forward:
