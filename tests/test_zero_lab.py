@@ -69,6 +69,16 @@ def test_make_buckets_names_the_numbers():
 
 # ------------------------------------------------------------------ the class: wrong answers, right numbers
 
+def _completed_bucket(self, p):
+    """The reference's bookkeeping: the index of p's bucket if p was its last gradient to arrive, else None."""
+    i = self.bucket_of[id(p)]
+    self.missing[i] -= 1
+    if self.missing[i] > 0:
+        return None
+    self.missing[i] = len(self.buckets[i])
+    return i
+
+
 def _padded_flat_grad(self, i):
     bucket = self.buckets[i]
     return F.pad(torch.cat([q.grad.reshape(-1) for q in bucket]), (0, self.chunks[i] * self.n - self.numels[i]))
@@ -78,11 +88,9 @@ class AllReduce(BucketedZeRO2):
     """Right values, DDP's collective: the whole bucket all-reduced, then this rank's chunk kept."""
 
     def _grad_ready(self, p):
-        i = self.bucket_of[id(p)]
-        self.missing[i] -= 1
-        if self.missing[i] > 0:
+        i = _completed_bucket(self, p)
+        if i is None:
             return
-        self.missing[i] = len(self.buckets[i])
         full = _padded_flat_grad(self, i)
         for q in self.buckets[i]:
             q.grad = None
@@ -121,11 +129,9 @@ class KeepsFullGrads(BucketedZeRO2):
     """Reduce-scatters on time, but never drops p.grad: the full gradient stays, as in DDP."""
 
     def _grad_ready(self, p):
-        i = self.bucket_of[id(p)]
-        self.missing[i] -= 1
-        if self.missing[i] > 0:
+        i = _completed_bucket(self, p)
+        if i is None:
             return
-        self.missing[i] = len(self.buckets[i])
         shard = p.new_empty(self.chunks[i]).detach()
         compat.reduce_scatter_single(shard, _padded_flat_grad(self, i))
         self.grad_shards[i] = shard / self.n
@@ -182,11 +188,9 @@ class Unpadded(BucketedZeRO2):
     """Reduce-scatters the bucket without padding: the pieces do not add up when n does not divide it."""
 
     def _grad_ready(self, p):
-        i = self.bucket_of[id(p)]
-        self.missing[i] -= 1
-        if self.missing[i] > 0:
+        i = _completed_bucket(self, p)
+        if i is None:
             return
-        self.missing[i] = len(self.buckets[i])
         full = torch.cat([q.grad.reshape(-1) for q in self.buckets[i]])
         for q in self.buckets[i]:
             q.grad = None
