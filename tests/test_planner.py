@@ -188,3 +188,15 @@ def test_step_time_and_mfu():
 def test_bad_arguments_raise_at_once_with_the_numbers(make, words):
     with pytest.raises(ValueError, match=words):
         make()
+
+
+def test_the_widget_builds_without_a_display_and_follows_its_controls():
+    from utils.planner_widget import PlannerWidget
+
+    w = PlannerWidget()
+    assert w.result.psi == parameter_count(LLAMA2_7B) and "MFU" in w.table.value
+    w.dp.value = 8  # observe() recomputes on each change
+    assert w.result.bytes_per_step["dp"] > 0 and "sent per step, dp" in w.table.value
+    w.tp.value = 16  # 32 heads split 16 ways is fine; KV heads too: a valid plan
+    w.model.value = "Llama-2-70B"  # 8 KV heads are not divisible by 16: said in words, not raised
+    assert isinstance(w.result, ValueError) and "not a valid plan" in w.table.value
