@@ -17,8 +17,12 @@ convention of ``utils.ledger.CommLedger`` (all-reduce 2(n-1)/n of its payload, a
 then pp, then dp (the order [TP, CP, PP, DP] of the Llama 3 paper, Grattafiori et al. 2024, Figure 5): a group
 stays inside a node when the product of its own and the faster dimensions fits in one node.
 
-What is left out, on purpose: the embedding's and the logits' own tensor-parallel collectives, attention with a
-KV cache, context parallelism, offload, overlap of communication with compute (every byte here waits), and the
+Validated term by term against measured runs of lesson 09 (FSDP2 x TP/SP x pipelining of a tiny Llama), which
+added three named terms: the tp collectives at the ends of the model (``tp_end_bytes``), the tied embedding's
+gradient all-reduce between first and last stage (``bytes_per_step["tied"]``), and ZeRO-3 inside a pipeline
+keeping the weights gathered over the micro-batches (``dp_bytes(pipelined=True)``, ``Memory.gathered``).
+What is left out, on purpose: the loss's own small reductions under vocab-parallel cross-entropy, Adam's step
+counters (a few bytes per parameter tensor), attention with a KV cache, context parallelism, offload, overlap of communication with compute (every byte here waits), and the
 allocator's caches and fragmentation (a real peak is higher).
 """
 
@@ -121,6 +125,7 @@ class Plan:
     checkpointing: str = "none"  # "selective" (Korthikanti et al. 2022) or "full" (keep each layer's input)
     sequence_parallel: bool = False  # Megatron SP: the tp group also splits norms and dropouts by sequence
     schedule: str = "1F1B"
+    loss_parallel: bool = True  # vocab-parallel cross-entropy (Megatron); False: the logits are all-gathered over tp
 
     def __post_init__(self):
         _positive(global_batch=self.global_batch, micro_batch=self.micro_batch, dp=self.dp, tp=self.tp,
@@ -249,11 +254,14 @@ def logits_bytes(model: ModelShape, plan: Plan) -> float:
 
 # ---------------------------------------------------------------- bytes on the wire per step, per rank
 
-def dp_bytes(psi: float, n: int, stage: int, element_bytes: int, microbatches: int = 1) -> float:
+def dp_bytes(psi: float, n: int, stage: int, element_bytes: int, microbatches: int = 1, pipelined: bool = False) -> float:
     """Bytes one data-parallel rank sends per step (ZeRO paper, Sec. 7): stages 0-2 move 2 Psi (n-1)/n values (one
     all-reduce, or a reduce-scatter of gradients plus an all-gather of parameters); stage 3 moves 3 Psi (n-1)/n per
-    micro-batch (parameters all-gathered for the forward and again for the backward, gradients reduce-scattered)."""
-    values = 3 * psi * microbatches if stage == 3 else 2 * psi
+    micro-batch (parameters all-gathered for the forward and again for the backward, gradients reduce-scattered).
+    ``pipelined``: stage 3 inside a pipeline as torch.distributed.pipelining runs FSDP2 (lesson 09): the weights stay
+    gathered from the first forward to the last backward and the gradients are reduce-scattered once, 2 Psi (n-1)/n
+    per step whatever the number of micro-batches (measured in lesson 09)."""
+    values = 2 * psi if stage < 3 or pipelined else 3 * psi * microbatches
     return values * (n - 1) / n * element_bytes
 
 
@@ -264,6 +272,34 @@ def tp_bytes(model: ModelShape, plan: Plan, element_bytes: int) -> float:
     t = plan.tp
     per_layer = (6 if plan.checkpointing == "full" else 4) * model.seq_len * plan.micro_batch * model.hidden
     return per_layer * 2 * (t - 1) / t * element_bytes * model.layers / plan.pp * plan.microbatches
+
+
+def tp_end_bytes(model: ModelShape, plan: Plan, stage: int, element_bytes: int) -> float:
+    """The tp collectives outside the layers, for pipeline stage ``stage``, per step (measured in lesson 09).
+    Per micro-batch: the vocab-parallel embedding's output is summed over tp (first stage: an all-reduce, or with
+    sequence parallelism a reduce-scatter forward + all-gather backward, 2 s b h (t-1)/t values either way); the
+    head's input is gathered (last stage: identity/all-reduce, or all-gather + reduce-scatter, 2 s b h (t-1)/t);
+    without ``loss_parallel`` the logits are all-gathered, s b V (t-1)/t. Per step, with sequence parallelism: each
+    norm weight is replicated over tp and its gradient all-reduced, 2 h (t-1)/t (2 norms a layer, the final one)."""
+    t = plan.tp
+    if t == 1:
+        return 0.0
+    f, sb = (t - 1) / t, model.seq_len * plan.micro_batch
+    first, last = stage == 0, stage == plan.pp - 1
+    per_micro = 2 * sb * model.hidden * (first + last) + (0 if plan.loss_parallel else sb * model.vocab) * last
+    norms = (2 * model.layers // plan.pp + last) * (2 if model.norm == "layernorm" else 1) * model.hidden
+    per_step = 2 * norms if plan.sequence_parallel else 0
+    return (per_micro * plan.microbatches + per_step) * f * element_bytes
+
+
+def tied_bytes(model: ModelShape, plan: Plan, element_bytes: int) -> float:
+    """Tied embeddings with pp > 1: the first stage's embedding and the last stage's head are one matrix, their
+    gradients all-reduced over the pair once per step (Megatron-LM's embedding group; lesson 06): 2 (2-1)/2 = 1 x
+    the gradient this rank holds (split by tp, and by dp from ZeRO-2 on)."""
+    if not model.tied_embeddings or plan.pp == 1:
+        return 0.0
+    held = embedding_parameters(model, plan.tp)["embedding"] / (plan.dp if plan.zero_stage >= 2 else 1)
+    return held * element_bytes
 
 
 def pp_bytes(model: ModelShape, plan: Plan, element_bytes: int) -> float:
@@ -298,10 +334,16 @@ class Memory:
     gradients: float
     optimizer: float
     activations: float
+    gathered: float = 0.0  # ZeRO-3 in a pipeline: the stage's unsharded weights, kept from forward to backward
 
     @property
     def total(self):
-        return self.parameters + self.gradients + self.optimizer + self.activations
+        return self.parameters + self.gradients + self.optimizer + self.activations + self.gathered
+
+    @property
+    def model_states(self):
+        """Parameters, gradients and optimizer state: what a rank holds between steps (its shards)."""
+        return self.parameters + self.gradients + self.optimizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -327,13 +369,14 @@ def link_bandwidth(cluster: Cluster, span: int) -> float:
 
 def _stage_memory(model, plan, stage, e):
     psi = stage_parameters(model, plan, stage)
+    gathered = PRECISIONS[plan.precision] * psi if plan.zero_stage == 3 and plan.pp > 1 else 0.0
     states = zero_bytes_per_rank(psi, plan.dp, plan.zero_stage,
                                  *bytes_per_param("fp32" if plan.precision == "fp32" else "mixed", "adam"))
     per_layer = layer_activation_bytes(model, plan.micro_batch, plan.tp, plan.sequence_parallel, plan.checkpointing, e)
     acts = per_layer * model.layers / plan.pp * in_flight(plan, stage)
     if stage == plan.pp - 1:
         acts += logits_bytes(model, plan)
-    return psi, Memory(states["params"], states["grads"], states["optim"], acts)
+    return psi, Memory(states["params"], states["grads"], states["optim"], acts, gathered)
 
 
 def estimate(model: ModelShape, plan: Plan, cluster: Cluster = H100_NODE) -> Estimate:
@@ -343,16 +386,17 @@ def estimate(model: ModelShape, plan: Plan, cluster: Cluster = H100_NODE) -> Est
     stages = [_stage_memory(model, plan, s, e) for s in sorted({0, plan.pp - 1})]
     psi_rank = max(psi for psi, _ in stages)
     memory = max((mem for _, mem in stages), key=lambda mem: mem.total)
-    sent = {"dp": dp_bytes(psi_rank, plan.dp, plan.zero_stage, e, plan.microbatches),
-            "tp": tp_bytes(model, plan, e), "pp": pp_bytes(model, plan, e)}
-    spans = {"tp": plan.tp, "pp": plan.tp * plan.pp, "dp": plan.world_size}
+    ends = max(tp_end_bytes(model, plan, s, e) for s in sorted({0, plan.pp - 1}))  # the busier end
+    sent = {"dp": dp_bytes(psi_rank, plan.dp, plan.zero_stage, e, plan.microbatches, pipelined=plan.pp > 1),
+            "tp": tp_bytes(model, plan, e) + ends, "pp": pp_bytes(model, plan, e), "tied": tied_bytes(model, plan, e)}
+    spans = {"tp": plan.tp, "pp": plan.tp * plan.pp, "dp": plan.world_size, "tied": plan.tp * plan.pp}
     times = {k: sent[k] / link_bandwidth(cluster, spans[k]) for k in sent}
     tokens = plan.global_batch * model.seq_len
     model_flops, hardware_flops = (f * tokens for f in flops_per_token(model, plan.checkpointing))
     peak = cluster.peak_flops * (0.5 if plan.precision == "fp32" else 1.0)  # fp32 matmuls: TF32, half the bf16 rate
     times["compute"] = hardware_flops / plan.world_size / (peak * cluster.efficiency)
     bubble = bubble_fraction(plan.pp, plan.microbatches, plan.v)
-    step = (times["compute"] + times["tp"] + times["pp"]) / (1 - bubble) + times["dp"]
+    step = (times["compute"] + times["tp"] + times["pp"]) / (1 - bubble) + times["dp"] + times["tied"]
     fits = memory.total <= cluster.memory_bytes
     reason = "" if fits else _why_not(memory, cluster)
     return Estimate(parameter_count(model), psi_rank, memory, sent, bubble, model_flops, times, step,
@@ -364,7 +408,8 @@ def _why_not(memory, cluster):
     big = max(terms, key=terms.get)
     fix = {"activations": "checkpointing, sequence parallelism, a smaller micro-batch or more tp/pp",
            "optimizer": "a higher ZeRO stage or more tp/pp", "gradients": "ZeRO stage 2 or 3, or more tp/pp",
-           "parameters": "ZeRO stage 3 (FSDP) or more tp/pp"}[big]
+           "parameters": "ZeRO stage 3 (FSDP) or more tp/pp",
+           "gathered": "ZeRO-1 inside the pipeline, or more tp/pp"}[big]
     return (f"does not fit: {memory.total / GB:.1f} GB per rank > {cluster.memory_bytes / GB:.1f} GB, over by "
             f"{(memory.total - cluster.memory_bytes) / GB:.1f} GB; the largest term is {big} "
             f"({terms[big] / GB:.1f} GB): try {fix}.")
