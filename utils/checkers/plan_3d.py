@@ -69,7 +69,8 @@ CASES = [
     ("GPT-2 small, 2 nodes x 8 H100", planner.GPT2_SMALL, planner.H100_NODE, 16, 64, "bf16"),
     ("GPT-2 medium, 2 nodes x 4 GPUs of 16 GB", GPT2_BIG, dataclasses.replace(planner.H100_NODE, gpus_per_node=4,
                                                                               memory_bytes=16e9), 8, 32, "bf16"),
-    ("Llama-2-7B, 2 nodes x 8 H100", planner.LLAMA2_7B, planner.H100_NODE, 16, 64, "bf16"),
+    ("Llama-2-7B, 2 nodes x 4 H100", planner.LLAMA2_7B, dataclasses.replace(planner.H100_NODE, gpus_per_node=4), 8,
+     64, "bf16"),
 ]
 
 
