@@ -47,6 +47,22 @@ def test_notebook_on_one_gpu(path):
     assert ok, f"{path.name} failed under papermill on a GPU with WORLD_SIZE=1 (executed copy in {out}):\n{log[-6000:]}"
 
 
+CAPSTONE_RANKS = (4, 8)  # the capstone (lesson and lab 09) is about meshes of several dimensions: 2 x 2 and 2 x 2 x 2
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("ranks", CAPSTONE_RANKS, ids=lambda n: f"ws{n}")
+@pytest.mark.parametrize("path", [p for p in course_notebooks() if p.name.startswith("09_")],
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_capstone_on_meshes_of_four_and_eight_ranks(path, ranks, request):
+    if ranks in [int(n) for n in request.config.getoption("--world-sizes").split(",")]:
+        pytest.skip(f"WORLD_SIZE={ranks} is in --world-sizes: test_notebook_runs runs it")
+    out = BUILD / "test" / f"ws{ranks}"
+    ok, seconds, log = execute(path, out, parameters_for(path, SMOKE=True, WORLD_SIZE=ranks))
+    NOTEBOOK_TIMES.append((f"{path.relative_to(ROOT)} (WORLD_SIZE={ranks})", ok, seconds))
+    assert ok, f"{path.name} failed under papermill with WORLD_SIZE={ranks} (executed copy in {out}):\n{log[-6000:]}"
+
+
 def test_world_sizes_metadata():
     """Each list is a sorted set of sizes within 1-8 that includes 2, the size every lesson runs at."""
     for path in course_notebooks():

@@ -25,6 +25,11 @@ Each module holds one idea and names the notebook that derives it:
   bubble formula and the plan checks (notebook 06).
 - ``utils.timeline``: ``run_stage``, a schedule run on stage ranks that records every op, and
   ``draw_gantt`` (notebook 06).
+- ``utils.mesh3d``: a dp x pp x tp ``DeviceMesh`` checked against the model, collectives filed by mesh
+  dimension (``MeshCommLedger``), the bytes of local shards (notebook 09, lab 09).
+- ``utils.planner``: memory per rank, bytes per mesh dimension, bubble, step time and MFU of a 3-D plan,
+  validated against lesson 09's measurements and published figures; ``best_plans`` (notebook 09, lab 09).
+- ``utils.planner_widget``: ipywidgets controls for the planner (notebook 09).
 - ``utils.deepspeed_cpu``: DeepSpeed set up in one call, ``import_deepspeed(WORLD_SIZE)``, with no C++ op
   compiled and its slow imports done once in the kernel (notebook 07).
 - ``utils.ds_schema``: what the installed DeepSpeed accepts in its config, learned from DeepSpeed (notebook 07).

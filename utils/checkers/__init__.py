@@ -7,4 +7,5 @@
 - ``zero``: lab 03, ``check_make_buckets``, ``check_bucketed_zero2``.
 - ``tensor_parallel``: lab 05, ``check_vocab_parallel_cross_entropy``.
 - ``pipeline_schedule``: lab 06, ``check_interleaved``.
+- ``plan_3d``: lab 09, ``check_choose_plan``, ``check_plan_run``.
 """
