@@ -4,20 +4,15 @@ does its mesh train the tiny Llama of lesson 09 exactly like one process, holdin
 ``check_choose_plan(choose_plan)`` calls the learner's search on several jobs (model, cluster, GPUs, batch) and
 compares each answer with ``utils.planner.best_plans`` (the grader may use it; the learner may not: a profile
 hook watches for a call to it). ``check_plan_run(plan, world_size)`` runs the plan's mesh on CPU ranks:
-FSDP2 on dp, tensor + sequence parallelism on tp, GPipe on pp, the training step of notebook 09 copied here
-(``_build``, ``_train_rank``; lesson 09 defines them in its cells) with ``m = plan.microbatches`` micro-batches.
+FSDP2 on dp, tensor + sequence parallelism on tp, GPipe on pp: notebook 09's training step itself
+(``utils.parallelize3d.train``, the lesson shows its source) with ``m = plan.microbatches`` micro-batches.
 """
 
 import dataclasses
 import sys
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
-
-from .. import planner
-from ..launch import rank_device
+from .. import parallelize3d, planner
+from ..parallelize3d import BATCH, HEADS, HIDDEN, LAYERS, SEQ, VOCAB
 from ..memory import zero_bytes_per_rank
 from .common import GRAD_TOL, CheckResult, LabCheckFailed, close, fail, launch_answer
 
@@ -52,9 +47,11 @@ HINTS = {
 }
 
 SEARCH = dict(micro_batches=(1, 2, 4), chunks=(1, 2))  # the lab's search space, as best_plans takes it
-TINY = planner.ModelShape(layers=4, hidden=32, heads=4, vocab=32, seq_len=16, ffn_hidden=64, tied_embeddings=True,
-                          gated_mlp=True, norm="rmsnorm", biases=False, positions="rope", dropout=False)  # notebook 09
-TINY_BATCH = 8  # sequences per step, as in notebook 09
+# the tiny Llama of notebook 09, its shape read from the code that trains it
+TINY = planner.ModelShape(layers=LAYERS, hidden=HIDDEN, heads=HEADS, vocab=VOCAB, seq_len=SEQ, ffn_hidden=2 * HIDDEN,
+                          tied_embeddings=True, gated_mlp=True, norm="rmsnorm", biases=False, positions="rope",
+                          dropout=False)
+TINY_BATCH = BATCH  # sequences per step
 
 
 def tiny_cluster(world_size):
@@ -155,154 +152,14 @@ def check_choose_plan(choose_plan, cases=CASES):
 
 # ---------------------------------------------------------------- the plan's mesh on CPU ranks (notebook 09's step)
 
-TINY_LR = 1e-2
-
-
-def _model(seed=0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(seed)  # every rank builds the same full model, then keeps its part
-    config = LlamaConfig(vocab_size=TINY.vocab, hidden_size=TINY.hidden, intermediate_size=TINY.ffn_hidden,
-                         num_hidden_layers=TINY.layers, num_attention_heads=TINY.heads, num_key_value_heads=TINY.kv_heads,
-                         max_position_embeddings=TINY.seq_len, tie_word_embeddings=True, attn_implementation="sdpa")
-    return LlamaForCausalLM(config)
-
-
-def _batch(step):  # (TINY_BATCH, seq) inputs and next-token targets, as notebook 09's make_batch
-    g, s, v = torch.Generator().manual_seed(1000 + step), TINY.seq_len, TINY.vocab
-    start, stride = torch.randint(0, v, (TINY_BATCH, 1), generator=g), torch.randint(1, 4, (TINY_BATCH, 1), generator=g)
-    seq = (start + stride * torch.arange(s + 1)) % v
-    return seq[:, :-1], seq[:, 1:]
-
-
-def _loss(logits, y):
-    return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
-
-
-class _Stage(nn.Module):
-    """Layers [lo, hi) of the Llama; the embedding on the first stage, norm and (tied) head on the last (notebook 09)."""
-
-    def __init__(self, hf, lo, hi, first, last):
-        super().__init__()
-        self.embed_tokens = hf.model.embed_tokens if first else None
-        self.layers = nn.ModuleDict({str(i): hf.model.layers[i] for i in range(lo, hi)})
-        self.rotary_emb = hf.model.rotary_emb
-        self.norm, self.lm_head = (hf.model.norm, hf.lm_head) if last else (None, None)
-
-    def forward(self, x):
-        h = self.embed_tokens(x) if self.embed_tokens is not None else x
-        cos_sin = self.rotary_emb(h, torch.arange(TINY.seq_len, device=h.device)[None])
-        for layer in self.layers.values():
-            h = layer(h, position_embeddings=cos_sin)
-        return self.lm_head(self.norm(h)) if self.lm_head is not None else h
-
-
-def _tp_plan(stage):
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel)
-    plan = {}
-    if stage.embed_tokens is not None:
-        plan["embed_tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
-    if stage.lm_head is not None:
-        plan.update(norm=SequenceParallel(), lm_head=ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()))
-    for i in stage.layers:
-        p = f"layers.{i}."
-        plan.update({p + "input_layernorm": SequenceParallel(), p + "post_attention_layernorm": SequenceParallel(),
-                     p + "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
-                                                         desired_input_kwarg_layouts={"hidden_states": Replicate()}),
-                     p + "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-                     p + "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
-                     p + "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1))})
-        plan.update({p + name: ColwiseParallel() for name in ("self_attn.q_proj", "self_attn.k_proj",
-                                                               "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")})
-    return plan
-
-
-def _local(t):
-    from torch.distributed.tensor import DTensor
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
-def _train_rank(dp, tp, pp, m, steps):
-    """On every rank: notebook 09's split -> TP/SP -> FSDP2 and GPipe with m micro-batches; losses, grads, bytes."""
-    import warnings
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.parallel import parallelize_module
-    from ..mesh3d import model_state_bytes
-    warnings.filterwarnings("ignore", category=UserWarning)
-    device = rank_device()
-    mesh = init_device_mesh(device.type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
-    d, s, per = mesh.get_local_rank("dp"), mesh.get_local_rank("pp"), TINY.layers // pp
-    stage = _Stage(_model().to(device), s * per, (s + 1) * per, first=s == 0, last=s == pp - 1)
-    if tp > 1:
-        parallelize_module(stage, mesh["tp"], _tp_plan(stage))
-        if stage.embed_tokens is not None and stage.lm_head is not None:
-            stage.lm_head.weight = stage.embed_tokens.weight  # re-tie
-    for layer in stage.layers.values():
-        fully_shard(layer, mesh=mesh["dp"], reshard_after_forward=pp == 1)
-    fully_shard(stage, mesh=mesh["dp"], reshard_after_forward=pp == 1)
-    opt = torch.optim.Adam(stage.parameters(), lr=TINY_LR)
-    tied = None
-    if pp > 1:  # the embedding (first stage) and the head (last stage): one weight, its gradient summed
-        for dd in range(dp):
-            for t in range(tp):
-                ranks = [int(mesh.mesh[dd, 0, t]), int(mesh.mesh[dd, pp - 1, t])]
-                group = dist.new_group(ranks)
-                tied = group if dist.get_rank() in ranks else tied
-    schedule = ScheduleGPipe(PipelineStage(stage, s, pp, device, group=mesh["pp"].get_group()), n_microbatches=m,
-                             loss_fn=_loss)
-    rows, out = TINY_BATCH // dp, dict(stage=s, losses=[])
-    for step in range(steps):
-        x, y = (t[d * rows:(d + 1) * rows].to(device) for t in _batch(step))
-        opt.zero_grad()
-        losses = []
-        if pp == 1:
-            schedule.step(x, target=y, losses=losses)
-        else:
-            schedule.step(x) if s == 0 else schedule.step(target=y, losses=losses) if s == pp - 1 else schedule.step()
-        if tied is not None:
-            w = stage.embed_tokens.weight if s == 0 else stage.lm_head.weight
-            dist.all_reduce(_local(w.grad), group=tied)
-        if step == 0:
-            out["grads"] = {("model.embed_tokens.weight" if n == "lm_head.weight" else "model." + n):
-                            _local(p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).clone()
-                            for n, p in stage.named_parameters()}
-        opt.step()
-        loss = torch.stack(losses).mean() if losses else torch.zeros((), device=device)
-        dist.all_reduce(loss, group=mesh["pp"].get_group())
-        dist.all_reduce(loss, group=mesh["dp"].get_group())
-        out["losses"].append(loss.item() / dp)
-    out["memory"] = model_state_bytes(stage, opt)
-    out["tensors"] = len(list(stage.parameters()))
-    return out
-
-
-def _one_process(steps):
-    model = _model()
-    opt = torch.optim.Adam(model.parameters(), lr=TINY_LR)
-    losses, grads = [], None
-    for step in range(steps):
-        x, y = _batch(step)
-        opt.zero_grad()
-        loss = _loss(model(x).logits, y)
-        loss.backward()
-        grads = grads or {n: p.grad.clone() for n, p in model.named_parameters()}
-        opt.step()
-        losses.append(loss.item())
-    return losses, grads
-
-
 def check_plan_run(plan, world_size, steps=2, timeout=300):
     """Run ``plan``'s mesh on ``world_size`` CPU ranks for the tiny Llama; check equality and memory per rank."""
     __tracebackhide__ = True
     cluster, job = tiny_cluster(world_size), f"tiny Llama on {world_size} ranks"
     judge(plan, TINY, cluster, world_size, TINY_BATCH, "fp32", job)
-    ranks = launch_answer(_train_rank, (plan.dp, plan.tp, plan.pp, plan.microbatches, steps), world_size, timeout,
-                          "the plan's mesh", "a rank waits for a message that never comes: see the stacks.")
-    ref_losses, ref_grads = _one_process(steps)
+    ranks = launch_answer(parallelize3d.train, (plan.dp, plan.pp, plan.tp, steps, plan.microbatches), world_size,
+                          timeout, "the plan's mesh", "a rank waits for a message that never comes: see the stacks.")
+    ref_losses, ref_grads = parallelize3d.reference(steps)
     got = {}
     for r in ranks:
         got.update({k: v for k, v in r["grads"].items() if k not in got})
@@ -315,12 +172,12 @@ def check_plan_run(plan, world_size, steps=2, timeout=300):
     lines = [f"{job}: dp={plan.dp} tp={plan.tp} pp={plan.pp}, m={plan.microbatches} micro-batches, {steps} steps: "
              f"max |loss - one process| {loss_diff:.1e}, gradients equal (rtol {GRAD_TOL['rtol']:g})"]
     for rank, r in enumerate(ranks):
-        psi = planner.stage_parameters(TINY, zero3, r["stage"])
+        psi = planner.stage_parameters(TINY, zero3, r["coords"][1])
         want = {k: v for k, v in zero_bytes_per_rank(psi, plan.dp, 3, 4, 4, 8).items() if k != "total"}
         want["optim"] += 4 * r["tensors"]  # + Adam's step counter, one fp32 scalar per tensor (not in the planner)
         if any(abs(r["memory"][k] - want[k]) > 1e-6 for k in want):
-            fail(HINTS, "memory", f"{job}, rank {rank} (stage {r['stage']}): measured {r['memory']}, "
+            fail(HINTS, "memory", f"{job}, rank {rank} (stage {r['coords'][1]}): measured {r['memory']}, "
                                   f"predicted {want}", world_size)
-        lines.append(f"rank {rank} (stage {r['stage']}): {sum(r['memory'].values()):,} B of parameters, gradients "
+        lines.append(f"rank {rank} (stage {r['coords'][1]}): {sum(r['memory'].values()):,} B of parameters, gradients "
                      f"and Adam state = planner's {sum(want.values()):,.0f} B (Psi_stage = {psi:,})")
     return CheckResult("the plan trains like one process and holds what the planner predicts", lines)
