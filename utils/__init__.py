@@ -27,6 +27,8 @@ Each module holds one idea and names the notebook that derives it:
   ``draw_gantt`` (notebook 06).
 - ``utils.mesh3d``: a dp x pp x tp ``DeviceMesh`` checked against the model, collectives filed by mesh
   dimension (``MeshCommLedger``), the bytes of local shards (notebook 09, lab 09).
+- ``utils.parallelize3d``: lesson 09's tiny Llama split into pipeline stages, tensor-parallel and
+  FSDP2-sharded on a mesh, trained, and its one-process reference (notebook 09, lab 09).
 - ``utils.planner``: memory per rank, bytes per mesh dimension, bubble, step time and MFU of a 3-D plan,
   validated against lesson 09's measurements and published figures; ``best_plans`` (notebook 09, lab 09).
 - ``utils.planner_widget``: ipywidgets controls for the planner (notebook 09).
