@@ -90,11 +90,12 @@ def _unwrapping_p2p_op(p2p_op_class):
     return P2POp
 
 
-def _tensor_bytes(obj):
+def tensor_bytes(obj):
+    """Bytes of a tensor, or of the tensors in a (nested) list or tuple; 0 for anything else."""
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if isinstance(obj, (list, tuple)):
-        return sum(_tensor_bytes(o) for o in obj)
+        return sum(tensor_bytes(o) for o in obj)
     return 0
 
 
@@ -104,8 +105,8 @@ def _payload(op, args, kwargs):
     if op in ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "scatter"):
         names = ("input_list", "input_tensor_list", "input", "scatter_list")  # torch's keyword for that side
         second = args[1] if len(args) > 1 else next((kwargs[k] for k in names if k in kwargs), None)
-        return _tensor_bytes(second) if op != "scatter" else _tensor_bytes(second or first)
-    return _tensor_bytes(first)
+        return tensor_bytes(second) if op != "scatter" else tensor_bytes(second or first)
+    return tensor_bytes(first)
 
 
 class CommLedger:
@@ -168,7 +169,7 @@ class CommLedger:
             seconds = (time.perf_counter() - start) / max(1, len(p2p_ops))
             for p in p2p_ops:
                 op = "isend" if p.op is self._originals["isend"] else "irecv"  # P2POp holds torch's own
-                payload = _tensor_bytes(p.tensor)
+                payload = tensor_bytes(p.tensor)
                 n = dist.get_world_size(p.group)
                 self.records.append(CommRecord(op, n, payload, payload * RING_WIRE_FACTOR[op](n), seconds))
             return works

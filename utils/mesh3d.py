@@ -23,6 +23,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .ledger import RING_WIRE_FACTOR
+from .ledger import tensor_bytes as _bytes  # bytes of a tensor or of a list of them, as CommLedger counts
 
 __all__ = ["check_mesh", "meshes", "MeshCommLedger", "model_state_bytes"]
 
@@ -66,14 +67,6 @@ class MeshComm:
     group_size: int
     payload_bytes: int
     wire_bytes: float
-
-
-def _bytes(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, (list, tuple)):
-        return sum(_bytes(o) for o in obj)
-    return 0
 
 
 # c10d op (FSDP2, dist.*) or functional op (DTensor) -> lesson 01's name for the ring factor.

@@ -204,6 +204,8 @@ def train(dp, pp, tp, steps, m=None, measure_step=1, lr=LR):
                 w = stage.embed_tokens.weight if s == 0 else stage.lm_head.weight
                 dist.all_reduce(_local(w.grad), group=tied)
             opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # CUDA runs ahead of Python: time the work, not its launch
         seconds = time.perf_counter() - start
         if step == 0:  # full gradients, gathered over dp and tp (outside the ledger)
             out["grads"] = {hf_name(n): _local(p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).clone()
