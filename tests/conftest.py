@@ -68,15 +68,22 @@ def kernel():
 
 
 def pytest_addoption(parser):
-    # 2, and an odd size that leaves shards uneven; `make test-matrix` runs 1 to 6.
-    parser.addoption("--world-sizes", default="2,3",
-                     help="comma-separated WORLD_SIZE values each notebook is executed with (default 2,3)")
+    # "suite": each notebook at the sizes its metadata.course.suite_world_sizes names (2 or 3, an odd size
+    # where uneven shards are the lesson; the capstone at 4 and 8). `make test-matrix` runs 1 to 6.
+    parser.addoption("--world-sizes", default="suite",
+                     help="comma-separated WORLD_SIZE values every notebook is executed with, or 'suite' "
+                          "(default): each notebook at its metadata.course.suite_world_sizes")
 
 
 def pytest_generate_tests(metafunc):
     if "world_size" in metafunc.fixturenames and "path" in metafunc.fixturenames:
-        sizes = [int(n) for n in metafunc.config.getoption("--world-sizes").split(",")]
-        metafunc.parametrize("world_size", sizes, ids=lambda n: f"ws{n}")
+        from notebook_runner import course_notebooks, suite_world_sizes
+
+        option = metafunc.config.getoption("--world-sizes")
+        pairs = [(path, n) for path in course_notebooks()
+                 for n in (suite_world_sizes(path) if option == "suite" else [int(n) for n in option.split(",")])]
+        metafunc.parametrize(("path", "world_size"), pairs,
+                             ids=[f"{path.parent.name}/{path.name}-ws{n}" for path, n in pairs])
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -52,6 +52,12 @@ def supported_world_sizes(path):
     return None if sizes is None else [int(n) for n in sizes]
 
 
+def suite_world_sizes(path):
+    """The WORLD_SIZEs the default ``make test`` runs a notebook at: metadata.course.suite_world_sizes,
+    else [2]. One size per lesson keeps the suite under 20 minutes; ``make test-matrix`` runs them all."""
+    return [int(n) for n in course_metadata(path).get("suite_world_sizes", [2])]
+
+
 def kernel_env():
     """Environment in which papermill finds the course's own kernel first (see the Makefile)."""
     env = dict(os.environ)

@@ -74,7 +74,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="runs of each timing-sensitive notebook (5)")
     parser.add_argument("--world-size", type=int, default=2, help="WORLD_SIZE of the repeated runs (2)")
-    parser.add_argument("--world-sizes", default="2,3", help="--world-sizes of the notebook suite (2,3)")
+    parser.add_argument("--world-sizes", default="suite", help="--world-sizes of the notebook suite (suite)")
     parser.add_argument("--only", nargs="*", help="repeat only the timing-sensitive notebooks whose name starts so, e.g. 06")
     parser.add_argument("--no-suite", action="store_true", help="skip part 1, the notebook suite")
     args = parser.parse_args(argv)

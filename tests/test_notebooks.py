@@ -2,7 +2,8 @@
 
 A notebook is a test: its asserts are the claims of the lesson. Parameters injected into the cell
 tagged ``parameters``: SMOKE=True (tiny sizes) and WORLD_SIZE, once per size of ``--world-sizes``
-(conftest.py; ``pytest --world-sizes=1,2,3,4,5,6`` for the full matrix); labs also get
+(conftest.py: by default the sizes in each notebook's ``metadata.course.suite_world_sizes``, else 2;
+``pytest --world-sizes=1,2,3,4,5,6`` for the full matrix); labs also get
 USE_REFERENCE=True, so that their checker runs on the reference solution (tests/test_labs.py feeds
 it wrong ones). A notebook whose lesson cannot use a size lists the sizes it can in
 ``metadata.course.world_sizes``: the other sizes are skipped here, and the notebook itself raises
@@ -11,12 +12,12 @@ a clear error for them (tested below).
 
 import pytest
 from conftest import NOTEBOOK_TIMES
-from notebook_runner import BUILD, ROOT, course_notebooks, execute, parameters_for, supported_world_sizes
+from notebook_runner import (BUILD, ROOT, course_notebooks, execute, parameters_for, suite_world_sizes,
+                             supported_world_sizes)
 
 
 @pytest.mark.notebook
-@pytest.mark.parametrize("path", course_notebooks(), ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_notebook_runs(path, world_size):  # world_size: from --world-sizes (conftest.py)
+def test_notebook_runs(path, world_size):  # (path, world_size) pairs: from --world-sizes (conftest.py)
     supported = supported_world_sizes(path)
     if supported is not None and world_size not in supported:
         pytest.skip(f"{path.name} cannot use WORLD_SIZE={world_size} (metadata.course.world_sizes = {supported}); "
@@ -47,28 +48,16 @@ def test_notebook_on_one_gpu(path):
     assert ok, f"{path.name} failed under papermill on a GPU with WORLD_SIZE=1 (executed copy in {out}):\n{log[-6000:]}"
 
 
-CAPSTONE_RANKS = (4, 8)  # the capstone (lesson and lab 09) is about meshes of several dimensions: 2 x 2 and 2 x 2 x 2
-
-
-@pytest.mark.notebook
-@pytest.mark.parametrize("ranks", CAPSTONE_RANKS, ids=lambda n: f"ws{n}")
-@pytest.mark.parametrize("path", [p for p in course_notebooks() if p.name.startswith("09_")],
-                         ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_capstone_on_meshes_of_four_and_eight_ranks(path, ranks, request):
-    if ranks in [int(n) for n in request.config.getoption("--world-sizes").split(",")]:
-        pytest.skip(f"WORLD_SIZE={ranks} is in --world-sizes: test_notebook_runs runs it")
-    out = BUILD / "test" / f"ws{ranks}"
-    ok, seconds, log = execute(path, out, parameters_for(path, SMOKE=True, WORLD_SIZE=ranks))
-    NOTEBOOK_TIMES.append((f"{path.relative_to(ROOT)} (WORLD_SIZE={ranks})", ok, seconds))
-    assert ok, f"{path.name} failed under papermill with WORLD_SIZE={ranks} (executed copy in {out}):\n{log[-6000:]}"
-
-
 def test_world_sizes_metadata():
-    """Each list is a sorted set of sizes within 1-8 that includes 2, the size every lesson runs at."""
+    """Each list is a sorted set of sizes within 1-8 that includes 2, the size every lesson runs at; the
+    suite's sizes are sizes the lesson supports."""
     for path in course_notebooks():
         sizes = supported_world_sizes(path)
         if sizes is not None:
             assert sizes == sorted(set(sizes)) and 2 in sizes and all(1 <= n <= 8 for n in sizes), (path.name, sizes)
+        suite = suite_world_sizes(path)
+        assert suite and suite == sorted(set(suite)), (path.name, suite)
+        assert sizes is None or set(suite) <= set(sizes), f"{path.name}: suite_world_sizes {suite} not all in {sizes}"
 
 
 def _unsupported(path):
