@@ -180,3 +180,16 @@ def test_the_widget_builds_without_a_display_and_follows_its_controls():
     w.tp.value = 16  # 32 heads split 16 ways is fine; KV heads too: a valid plan
     w.model.value = "Llama-2-70B"  # 8 KV heads are not divisible by 16: said in words, not raised
     assert isinstance(w.result, ValueError) and "not a valid plan" in w.table.value
+
+
+def test_tp_across_nodes_is_tried_only_when_asked_and_loses():
+    """best_plans keeps tp inside a node by rule; with ``tp_degrees`` the cost model alone must reach the same verdict."""
+    import dataclasses
+
+    four = dataclasses.replace(H100_NODE, gpus_per_node=4)
+    ruled = best_plans(LLAMA2_7B, four, 16, 64, top=50)
+    assert ruled and all(p.tp <= 4 for _, p in ruled)
+    free = best_plans(LLAMA2_7B, four, 16, 64, top=3, tp_degrees=(1, 2, 4, 8))
+    across = best_plans(LLAMA2_7B, four, 16, 64, top=1, tp_degrees=(8,))
+    assert across and across[0][1].tp == 8
+    assert all(p.tp <= 4 for _, p in free) and across[0][0].step_time > 2 * free[0][0].step_time

@@ -16,6 +16,7 @@ there is one copy. Read it in this order:
   every message recorded by ``MeshCommLedger``; ``reference``: one process, the unmodified model.
 """
 
+import contextlib
 import time
 import warnings
 
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .launch import rank_device
 from .mesh3d import MeshCommLedger, check_mesh, model_state_bytes
@@ -75,13 +77,17 @@ class LlamaStage(nn.Module):
         self.layers = nn.ModuleDict({str(i): hf.model.layers[i] for i in range(lo, hi)})  # original names
         self.rotary_emb = hf.model.rotary_emb
         self.norm, self.lm_head = (hf.model.norm, hf.lm_head) if last else (None, None)
+        self.checkpoint_layers = False  # build(ac=True) sets it: recompute each block's forward in backward
 
     def forward(self, x):  # first stage: (b, s) token ids; others: (b, s/tp, h) hidden states
         h = self.embed_tokens(x) if self.embed_tokens is not None else x
         positions = torch.arange(self.seq_len, device=h.device)[None]  # of the *whole* sequence, even when h is s/tp
         cos_sin = self.rotary_emb(h, positions)
-        for layer in self.layers.values():
-            h = layer(h, position_embeddings=cos_sin)  # no mask: sdpa is causal
+        for layer in self.layers.values():  # no mask: sdpa is causal
+            if self.checkpoint_layers and torch.is_grad_enabled():  # keep only h; replay the block in backward
+                h = checkpoint(layer, h, position_embeddings=cos_sin, use_reentrant=False)
+            else:
+                h = layer(h, position_embeddings=cos_sin)
         return self.lm_head(self.norm(h)) if self.lm_head is not None else h  # (b, s, V) or (b, s/tp, h)
 
 
@@ -127,8 +133,12 @@ def microbatches(pp):
     return pp
 
 
-def build(dp, pp, tp, device, m=None, lr=LR):
-    """On every rank: the mesh, this rank's stage (split -> TP -> [AC] -> [compile] -> FSDP), its optimizer."""
+def build(dp, pp, tp, device, m=None, lr=LR, ac=False, compile_backend=None):
+    """On every rank: the mesh, this rank's stage (split -> TP -> AC -> compile -> FSDP), its optimizer.
+
+    ``ac=True`` checkpoints every block (its activations are recomputed in backward, tp collectives included);
+    ``compile_backend`` ("inductor" on GPUs, "aot_eager" to check the capture quickly on CPUs) compiles
+    every block with ``torch.compile``; both off by default."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
@@ -143,7 +153,13 @@ def build(dp, pp, tp, device, m=None, lr=LR):
         parallelize_module(stage, mesh["tp"], tp_plan(stage))
         if stage.embed_tokens is not None and stage.lm_head is not None:
             stage.lm_head.weight = stage.embed_tokens.weight  # re-tie: the plan made two DTensors, both Shard(0)
-    # 3. activation checkpointing and 4. torch.compile: not applied (lesson 09 says why)
+    # 3. activation checkpointing, per block, around the tensor-parallel block: recomputation replays its
+    #    tp collectives too
+    stage.checkpoint_layers = ac
+    # 4. torch.compile, per block (in place: names unchanged), after AC so the recomputation is compiled too
+    if compile_backend is not None:
+        for layer in stage.layers.values():
+            layer.compile(backend=compile_backend)
     # 5. FSDP2 on mesh["dp"], last: each block, then the stage root (embedding, norm, head: the tied pair in one
     #    group). With a pipeline, keep gathered weights from forward to backward (torchtitan): else every
     #    micro-batch gathers twice.
@@ -169,19 +185,19 @@ def _local(t):
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def train(dp, pp, tp, steps, m=None, measure_step=1, lr=LR):
+def train(dp, pp, tp, steps, m=None, measure_step=1, lr=LR, ac=False, compile_backend=None):
     """Train ``steps`` steps on a (dp, pp, tp) mesh with GPipe over ``m`` micro-batches (default p).
 
     Returns this rank's dict: ``coords`` (d, s, t), ``losses``, ``grads`` of step 0 under Hugging Face's
     names (gathered over dp and tp), ``comm`` (the ``MeshCommLedger`` summary of ``measure_step``),
     ``seconds`` of that step, ``memory`` (``model_state_bytes``), ``tensors`` (parameter tensors of the
-    stage) and ``tp_sharded`` (which parameters tp shards)."""
+    stage) and ``tp_sharded`` (which parameters tp shards). ``ac`` and ``compile_backend``: as in ``build``."""
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
     from torch.distributed.tensor import DTensor
     warnings.filterwarnings("ignore", category=UserWarning)  # FSDP2's note about views (we do no in-place op on them)
     device = rank_device()
     m = microbatches(pp) if m is None else m
-    mesh, stage, opt = build(dp, pp, tp, device, m, lr)
+    mesh, stage, opt = build(dp, pp, tp, device, m, lr, ac=ac, compile_backend=compile_backend)
     d, s = mesh.get_local_rank("dp"), mesh.get_local_rank("pp")
     tied = tied_group(mesh, dp, pp, tp) if pp > 1 else None
     rows = BATCH // dp
@@ -191,10 +207,11 @@ def train(dp, pp, tp, steps, m=None, measure_step=1, lr=LR):
     for step in range(steps):
         x, y = (t[d * rows:(d + 1) * rows].to(device) for t in make_batch(step))  # this dp rank's slice
         opt.zero_grad()
+        # the ledger (a TorchDispatchMode) only on the measured step: torch.compile does not trace under one
         ledger = MeshCommLedger(mesh, {"tied": tied} if tied is not None else None)
         dist.barrier()
         start = time.perf_counter()
-        with ledger:
+        with ledger if step == measure_step else contextlib.nullcontext():
             mb_losses = []
             if pp == 1:
                 schedule.step(x, target=y, losses=mb_losses)
