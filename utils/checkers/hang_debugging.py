@@ -38,8 +38,9 @@ TOL = dict(rtol=1e-5, atol=1e-6)  # float32 sums in another order differ by ~1e-
 CLUES = {  # what the report of each program shows, for a learner whose diagnosis is wrong
     "A": "read where each rank was stuck: rank 0 is in barrier(), every other rank in all_reduce(). Which collective "
          "did rank 0 not call, and why (look at its data)?",
-    "B": "every rank is in the same all_reduce, yet they never finish. Print counts.shape on each rank: how long is "
-         "the histogram torch.bincount makes from rank 0's labels, and from the last rank's?",
+    "B": "every rank called the same all_reduce, yet some never leave it (others got through it, with wrong numbers). "
+         "Print counts.shape on each rank: how long is the histogram torch.bincount makes from rank 0's labels, and "
+         "from the last rank's?",
     "C": "rank 0 is stuck in one collective and the other ranks in another one. Compare the lines: do all ranks call "
          "broadcast and all_reduce in the same order?",
     "D": "the last rank is stuck in dist.send, the others already wait at the barrier. Which rank should receive what "
@@ -73,8 +74,8 @@ def make_data(program, world_size):
     """The data set of ``program`` ("A".."F") on ``world_size`` ranks: the same on every rank, deterministic."""
     g = torch.Generator().manual_seed(11 + ord(program))
     n = world_size
-    if program == "A":  # rank r holds r samples: rank 0 holds none
-        return [torch.randint(1, 10, (r,), generator=g).float() for r in range(n)]
+    if program == "A":  # rank r holds 3r samples: rank 0 holds none
+        return [torch.randint(1, 10, (3 * r,), generator=g).float() for r in range(n)]
     if program == "B":  # rank r has labels 0 .. r+1 only, of NUM_CLASSES classes
         return {"labels": [torch.randint(0, min(r + 2, NUM_CLASSES), (6,), generator=g) for r in range(n)],
                 "num_classes": NUM_CLASSES}
@@ -202,11 +203,13 @@ def check_fix(program, diagnosis, fixed, world_sizes=(2, 3), timeout=30.0):
         ranks = launch_answer(_on_rank, (fixed, data, program in DDP_PROGRAMS), n, timeout,
                               f"program {program}'s fix", HINTS["deadlock"])
         raise_if_error(first_error(ranks), n, HINTS)
-        silent = [r for r, rk in enumerate(ranks) if (rk["ddp_forwards"] if program in DDP_PROGRAMS else rk["calls"]) == 0]
+        ddp = program in DDP_PROGRAMS
+        calls = [rk["ddp_forwards"] if ddp else rk["calls"] for rk in ranks]
+        what = "DDP forward passes" if ddp else "torch.distributed calls"
+        silent = [r for r, c in enumerate(calls) if c == 0]
         if silent:
-            what = ("forward passes through DistributedDataParallel" if program in DDP_PROGRAMS
-                    else "torch.distributed calls")
-            fail(HINTS, "no_communication", f"program {program}: rank(s) {silent} made no {what}.", n)
+            fail(HINTS, "no_communication", f"program {program}: rank(s) {silent} made no {what} "
+                 f"({'through DistributedDataParallel' if ddp else 'seen by CommLedger'}).", n)
         wanted = references(program, data, n)
         match = next((name for name, per_rank in wanted.items()
                       if all(_same(rk["value"], w) for rk, w in zip(ranks, per_rank))), None)
@@ -215,9 +218,7 @@ def check_fix(program, diagnosis, fixed, world_sizes=(2, 3), timeout=30.0):
             r = next(r for r, rk in enumerate(ranks) if not _same(rk["value"], per_rank[r]))
             fail(HINTS, "wrong_result", f"program {program}: rank {r} returned {_show(ranks[r]['value'])}, one process "
                  f"computes {_show(per_rank[r])} ({name}).", n)
-        calls = [rk["ddp_forwards"] if program in DDP_PROGRAMS else rk["calls"] for rk in ranks]
-        lines.append(f"world_size={n}: finished; every rank communicated ({min(calls)}-{max(calls)} "
-                     f"{'DDP forward passes' if program in DDP_PROGRAMS else 'torch.distributed calls'} each); "
+        lines.append(f"world_size={n}: finished; every rank communicated ({min(calls)}-{max(calls)} {what} each); "
                      f"results equal one process ({match})")
     return CheckResult(f"program {program}", lines)
 
