@@ -49,6 +49,12 @@ def mean_of_everything_everywhere(data):  # every rank reads every rank's part: 
     return torch.cat(data).mean()
 
 
+def everything_everywhere_then_a_barrier(data):  # a barrier moves no data: still no communication
+    mean = torch.cat(data).mean()
+    dist.barrier()
+    return mean
+
+
 def mean_of_sums_divided_by_ranks(data):  # communicates, but averages the sums over ranks, not over samples
     x = data[dist.get_rank()]
     total = x.sum().reshape(1)
@@ -159,8 +165,9 @@ def test_a_fix_that_still_hangs_is_stopped_and_rejected():
 @pytest.mark.parametrize("program, fix, phrase", [
     ("A", mean_without_all_reduce, "seen by CommLedger"),
     ("A", mean_of_everything_everywhere, "removing the collective"),
+    ("A", everything_everywhere_then_a_barrier, "seen by CommLedger"),
     ("F", train_alone, "through DistributedDataParallel"),
-], ids=["collective deleted", "every rank computes everything", "DDP removed"])
+], ids=["collective deleted", "every rank computes everything", "only a barrier", "DDP removed"])
 def test_a_fix_without_communication_is_rejected(program, fix, phrase):
     expect_rejection(check_fix, program, PROGRAMS[program], fix, world_sizes=(2,), mistake="no_communication",
                      phrase=phrase)

@@ -7,10 +7,10 @@ program on two counts:
 
 - **the diagnosis**: one of ``BUG_KINDS``, compared with the bug planted in that program;
 - **the fix**: run on ranks with a timeout (a fix that still hangs is stopped and reported), then
-  (1) every rank must still *communicate* (a ``CommLedger`` sees the ``torch.distributed`` calls; torch's DDP
-  talks from C++, so for the DDP programs the checker counts forward passes through
-  ``DistributedDataParallel`` instead): a "fix" that removes the collectives, or computes everything on
-  every rank from the whole data set, is not a distributed program any more;
+  (1) every rank must still *communicate*: a ``CommLedger`` sees the ``torch.distributed`` calls that move
+  data (a barrier moves none); torch's DDP talks from C++, so for the DDP programs the checker counts forward
+  passes through ``DistributedDataParallel`` instead. A "fix" that removes the collectives, or computes
+  everything on every rank from the whole data set, is not a distributed program any more;
   (2) every rank's result must equal a single-process reference computed here, in the kernel, from the same
   data (``torch.testing.assert_close``; the uneven-data program accepts each of the three usual fixes).
 """
@@ -31,6 +31,7 @@ BUG_KINDS = {
     "wrong_device": "a tensor or module is on another device than the one the rank should use",
 }
 PROGRAMS = {"A": "skipped", "B": "shape", "C": "order", "D": "unmatched_send", "E": "wrong_device", "F": "uneven_data"}
+SYNC_ONLY = ("barrier", "monitored_barrier")  # calls that move no data: not evidence that the ranks communicate
 DDP_PROGRAMS = ("E", "F")  # their communication happens inside torch's DDP, in C++
 NUM_CLASSES = 8  # program B's labels
 TOL = dict(rtol=1e-5, atol=1e-6)  # float32 sums in another order differ by ~1e-7; a wrong answer by far more
@@ -169,7 +170,8 @@ def _on_rank(fn, data, ddp):
         error = caught(exc, getattr(fn, "__name__", "the fixed program"))
     finally:
         torch.nn.parallel.DistributedDataParallel.forward = saved
-    return dict(value=value, error=error, calls=len(ledger.records), ddp_forwards=forwards[0])
+    moved = [r for r in ledger.records if r.op not in SYNC_ONLY]
+    return dict(value=value, error=error, calls=len(moved), ddp_forwards=forwards[0])
 
 
 # ------------------------------------------------------------------ in the kernel
