@@ -53,7 +53,6 @@ CLUES = {  # what the report of each program shows, for a learner whose diagnosi
 }
 
 HINTS = {
-    "wrong_diagnosis": "",  # filled per program from CLUES
     "not_a_kind": f"name the bug with one of these keys: {sorted(BUG_KINDS)}.",
     "deadlock": "the fixed program still hangs: every rank must call the same collectives, in the same order, with "
                 "tensors of the same shape, and every send needs a matching recv. Run it with "
