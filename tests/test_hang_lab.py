@@ -1,0 +1,202 @@
+"""Lab 11's checker (hang debugging) accepts the reference answers and rejects planted wrong ones, each with its hint.
+
+The wrong answers are what a learner in a hurry writes: the wrong bug named, the broken program handed in
+unchanged (it still hangs, and must be stopped by the checker's timeout, not hang the test), a "fix" that
+avoids the hang by removing the communication, one that computes every rank's part on every rank, and fixes
+that run but compute the wrong numbers. The lab notebook itself runs in tests/test_notebooks.py.
+"""
+
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from lab_grading import expect_rejection
+from notebook_runner import ROOT
+from utils import rank_device
+from utils.checkers.hang_debugging import (BUG_KINDS, PROGRAMS, check_diagnosis, check_fix, make_data,
+                                           references)
+
+sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
+from solutions import hang_debugging as reference  # noqa: E402
+
+HANG_TIMEOUT = 8.0  # seconds the checker gives a fix that still hangs: as short as a loaded machine allows
+
+
+# ------------------------------------------------------------------ planted answers
+
+def still_ordered_differently(data):  # program C handed in unchanged: rank 0 broadcasts first, the others last
+    rank, n = dist.get_rank(), dist.get_world_size()
+    grad, lr = data["grads"][rank].clone(), data["lr"].clone() if rank == 0 else torch.zeros(1)
+    if rank == 0:
+        dist.broadcast(lr, src=0)
+        dist.all_reduce(grad)
+    else:
+        dist.all_reduce(grad)
+        dist.broadcast(lr, src=0)
+    return {"lr": lr, "update": lr * grad / n}
+
+
+def mean_without_all_reduce(data):  # program A with the all_reduce deleted: no hang, each rank its own mean
+    x = data[dist.get_rank()]
+    return x.sum() / max(len(x), 1)
+
+
+def mean_of_everything_everywhere(data):  # every rank reads every rank's part: right number, no communication
+    return torch.cat(data).mean()
+
+
+def everything_everywhere_then_a_barrier(data):  # a barrier moves no data: still no communication
+    mean = torch.cat(data).mean()
+    dist.barrier()
+    return mean
+
+
+def mean_of_sums_divided_by_ranks(data):  # communicates, but averages the sums over ranks, not over samples
+    x = data[dist.get_rank()]
+    total = x.sum().reshape(1)
+    dist.all_reduce(total)
+    dist.barrier()
+    return total[0] / dist.get_world_size()
+
+
+def counts_before_the_sum(data):  # program B with minlength, but it returns this rank's counts, not the sum
+    labels = data["labels"][dist.get_rank()]
+    counts = torch.bincount(labels, minlength=data["num_classes"])
+    summed = counts.clone()
+    dist.all_reduce(summed)
+    return counts
+
+
+def ddp_still_on_the_wrong_device(data):  # program E with the model moved, but device_ids still [rank]
+    rank, n = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1).to(rank_device())
+    DDP(model, device_ids=[rank])
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def train_alone(data):  # program F without DDP: no hang, but each rank trains a model of its own
+    rank, n = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=data["lr"])
+    for x, y in data["batches"][rank::n]:
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def one_step_only(data):  # program F "fixed" by training one step on every rank: no hang, work skipped
+    rank, n = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=data["lr"])
+    x, y = data["batches"][rank]
+    F.mse_loss(ddp(x), y).backward()
+    opt.step()
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def _ddp_f(data, batches, join):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=data["lr"])
+    with ddp.join(enable=join):
+        for x, y in batches:
+            opt.zero_grad()
+            F.mse_loss(ddp(x), y).backward()
+            opt.step()
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def joined(data):  # the third accepted fix of program F: DDP's join context
+    return _ddp_f(data, data["batches"][dist.get_rank()::dist.get_world_size()], join=True)
+
+
+def padded(data):  # the second: DistributedSampler's padding (its default, drop_last=False)
+    from torch.utils.data import DistributedSampler
+    return _ddp_f(data, [data["batches"][i] for i in DistributedSampler(data["batches"], shuffle=False)], join=False)
+
+
+def stub(data):
+    raise NotImplementedError("fixed_A is not written yet")
+
+
+# ------------------------------------------------------------------ the tests
+
+@pytest.mark.parametrize("program", sorted(PROGRAMS))
+def test_reference_passes(program):
+    result = check_fix(program, reference.DIAGNOSES[program], getattr(reference, f"fixed_{program}"),
+                       world_sizes=(2, 3))
+    assert "world_size=3" in str(result) and "equal one process" in str(result)
+
+
+@pytest.mark.parametrize("fix", [joined, padded], ids=lambda f: f.__name__)
+def test_every_usual_fix_of_uneven_data_passes(fix):
+    result = check_fix("F", "uneven_data", fix, world_sizes=(2, 3))
+    assert {"joined": "join()", "padded": "padding"}[fix.__name__] in str(result)
+
+
+def test_the_diagnoses_are_one_of_each_kind():
+    assert sorted(PROGRAMS.values()) == sorted(BUG_KINDS) == sorted(reference.DIAGNOSES.values())
+
+
+def test_wrong_diagnosis_is_rejected_with_what_the_report_shows():
+    expect_rejection(check_fix, "C", "skipped", reference.fixed_C, mistake="wrong_diagnosis",
+                     phrase="broadcast and all_reduce in the same order")
+    expect_rejection(check_diagnosis, "F", "order", mistake="wrong_diagnosis", phrase="count the batches")
+    expect_rejection(check_diagnosis, "A", "deadlock", mistake="not_a_kind", phrase="'unmatched_send'")
+    with pytest.raises(NotImplementedError, match="set its diagnosis"):
+        check_diagnosis("A", None)
+
+
+def test_a_fix_that_still_hangs_is_stopped_and_rejected():
+    expect_rejection(check_fix, "C", "order", still_ordered_differently, world_sizes=(2,), timeout=HANG_TIMEOUT,
+                     mistake="deadlock", phrase="TORCH_DISTRIBUTED_DEBUG=DETAIL")
+
+
+@pytest.mark.parametrize("program, fix, phrase", [
+    ("A", mean_without_all_reduce, "seen by CommLedger"),
+    ("A", mean_of_everything_everywhere, "removing the collective"),
+    ("A", everything_everywhere_then_a_barrier, "seen by CommLedger"),
+    ("F", train_alone, "through DistributedDataParallel"),
+], ids=["collective deleted", "every rank computes everything", "only a barrier", "DDP removed"])
+def test_a_fix_without_communication_is_rejected(program, fix, phrase):
+    expect_rejection(check_fix, program, PROGRAMS[program], fix, world_sizes=(2,), mistake="no_communication",
+                     phrase=phrase)
+
+
+@pytest.mark.parametrize("program, fix", [
+    ("A", mean_of_sums_divided_by_ranks),
+    ("B", counts_before_the_sum),
+    ("F", one_step_only),
+], ids=["mean over ranks", "local counts", "work skipped"])
+def test_a_fix_with_wrong_numbers_is_rejected(program, fix):
+    rejected = expect_rejection(check_fix, program, PROGRAMS[program], fix, world_sizes=(3,), mistake="wrong_result",
+                                phrase="one process computes")
+    assert rejected.world_size == 3
+
+
+def test_a_fix_that_crashes_is_rejected_with_its_traceback():
+    expect_rejection(check_fix, "E", "wrong_device", ddp_still_on_the_wrong_device, world_sizes=(2,),
+                     mistake="crash", phrase="device_ids")
+
+
+def test_a_stub_raises_its_own_not_implemented_error():
+    with pytest.raises(NotImplementedError, match="fixed_A is not written yet"):
+        check_fix("A", "skipped", stub, world_sizes=(2,))
+
+
+def test_references_of_uneven_data_differ():
+    """The three accepted fixes of program F give three different models: each is a real alternative."""
+    wanted = references("F", make_data("F", 3), 3)
+    weights = [per_rank[0]["weight"] for per_rank in wanted.values()]
+    assert len(weights) == 3
+    assert all(not torch.allclose(a, b) for i, a in enumerate(weights) for b in weights[i + 1:])

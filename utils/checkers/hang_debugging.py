@@ -1,0 +1,234 @@
+"""The checker of lab 11 (hang debugging): six broken programs, their data, their right answers, and the grading.
+
+Used by ``labs/11_hang_debugging_lab.ipynb``, which shows each broken program failing. Same conventions as
+every lab (``utils.checkers.common``). Every program takes the *whole* data set, the same on every rank (as a
+script loads its data set), and picks its own part by rank. The checker grades a learner's answer to one
+program on two counts:
+
+- **the diagnosis**: one of ``BUG_KINDS``, compared with the bug planted in that program;
+- **the fix**: run on ranks with a timeout (a fix that still hangs is stopped and reported), then
+  (1) every rank must still *communicate*: a ``CommLedger`` sees the ``torch.distributed`` calls that move
+  data (a barrier moves none); torch's DDP talks from C++, so for the DDP programs the checker counts forward
+  passes through ``DistributedDataParallel`` instead. A "fix" that removes the collectives, or computes
+  everything on every rank from the whole data set, is not a distributed program any more;
+  (2) every rank's result must equal a single-process reference computed here, in the kernel, from the same
+  data (``torch.testing.assert_close``; the uneven-data program accepts each of the three usual fixes).
+"""
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..ledger import CommLedger
+from .common import CheckResult, LabCheckFailed, caught, close, fail, first_error, launch_answer, raise_if_error
+
+BUG_KINDS = {
+    "order": "the ranks call the same collectives in different orders",
+    "skipped": "a rank skips a collective that the others call",
+    "shape": "the ranks hand a collective tensors of different shapes",
+    "unmatched_send": "a send has no matching receive",
+    "uneven_data": "one rank has more batches than the others, so its last steps wait for ranks that have finished",
+    "wrong_device": "a tensor or module is on another device than the one the rank should use",
+}
+PROGRAMS = {"A": "skipped", "B": "shape", "C": "order", "D": "unmatched_send", "E": "wrong_device", "F": "uneven_data"}
+SYNC_ONLY = ("barrier", "monitored_barrier")  # calls that move no data: not evidence that the ranks communicate
+DDP_PROGRAMS = ("E", "F")  # their communication happens inside torch's DDP, in C++
+NUM_CLASSES = 8  # program B's labels
+TOL = dict(rtol=1e-5, atol=1e-6)  # float32 sums in another order differ by ~1e-7; a wrong answer by far more
+
+CLUES = {  # what the report of each program shows, for a learner whose diagnosis is wrong
+    "A": "read where each rank was stuck: rank 0 is in barrier(), every other rank in all_reduce(). Which collective "
+         "did rank 0 not call, and why (look at its data)?",
+    "B": "every rank called the same all_reduce, yet some never leave it (others got through it, with wrong numbers). "
+         "Print counts.shape on each rank: how long is the histogram torch.bincount makes from rank 0's labels, and "
+         "from the last rank's?",
+    "C": "rank 0 is stuck in one collective and the other ranks in another one. Compare the lines: do all ranks call "
+         "broadcast and all_reduce in the same order?",
+    "D": "the last rank is stuck in dist.send, the others already wait at the barrier. Which rank should receive what "
+         "the last rank sends, and where is its recv?",
+    "E": "it did not hang: every rank raised at once. Read the error: on which device are the module's parameters, "
+         "and which device did DistributedDataParallel's device_ids promise?",
+    "F": "count the batches of each rank (len(data['batches'][rank::world_size])). The rank with one more batch is "
+         "stuck in backward (DDP's all-reduce), the others at the barrier.",
+}
+
+HINTS = {
+    "not_a_kind": f"name the bug with one of these keys: {sorted(BUG_KINDS)}.",
+    "deadlock": "the fixed program still hangs: every rank must call the same collectives, in the same order, with "
+                "tensors of the same shape, and every send needs a matching recv. Run it with "
+                "TORCH_DISTRIBUTED_DEBUG=DETAIL (the lab's run_with_detail) or add dist.monitored_barrier to see who "
+                "is missing.",
+    "crash": "the fixed program must run on every rank without error; read the traceback above.",
+    "no_communication": "the ranks no longer talk to each other: removing the collective (or computing every rank's "
+                        "part on every rank from the whole data set) avoids the hang, but a real job's ranks hold "
+                        "different data in different processes. Keep the communication and make every rank take "
+                        "part in it.",
+    "wrong_result": "it runs, but the numbers are not those of one process on the whole data set: compare your result "
+                    "with the broken program's intent (the docstring), rank by rank.",
+}
+
+
+# ------------------------------------------------------------------ the data of each program, as a function of n
+
+def make_data(program, world_size):
+    """The data set of ``program`` ("A".."F") on ``world_size`` ranks: the same on every rank, deterministic."""
+    g = torch.Generator().manual_seed(11 + ord(program))
+    n = world_size
+    if program == "A":  # rank r holds 3r samples: rank 0 holds none
+        return [torch.randint(1, 10, (3 * r,), generator=g).float() for r in range(n)]
+    if program == "B":  # rank r has labels 0 .. r+1 only, of NUM_CLASSES classes
+        return {"labels": [torch.randint(0, min(r + 2, NUM_CLASSES), (6,), generator=g) for r in range(n)],
+                "num_classes": NUM_CLASSES}
+    if program == "C":
+        return {"lr": torch.tensor([0.5]), "grads": torch.randint(-5, 6, (n, 4), generator=g).float()}
+    if program == "D":
+        return torch.randint(1, 10, (n,), generator=g).float()
+    if program in ("E", "F"):  # batches of 4 samples, 4 features, a linear target; F: one batch too many
+        count = 2 * n + (1 if program == "F" else 0)
+        x = torch.randn(count, 4, 4, generator=g)
+        y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.1 * torch.randn(count, 4, 1, generator=g)
+        return {"batches": [(x[i], y[i]) for i in range(count)], "lr": 0.1}
+    raise ValueError(f"no program {program!r}: the lab's programs are {sorted(PROGRAMS)}.")
+
+
+def _train_reference(batches_per_round, lr, scales=None):
+    """One process: SGD on Linear(4, 1) from seed 0, one step per round on the round's batches concatenated.
+
+    ``scales``: per round, a factor on the gradient (DDP's join divides by the initial world size)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for i, round_ in enumerate(batches_per_round):
+        opt.zero_grad()
+        x, y = torch.cat([b[0] for b in round_]), torch.cat([b[1] for b in round_])
+        (F.mse_loss(model(x), y) * (scales[i] if scales else 1.0)).backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def references(program, data, world_size):
+    """{name: [rank 0's result, rank 1's, ...]}: the right results, from one process. Several names when several
+    fixes are right (program F: dropping the extra batch, padding like DistributedSampler, or DDP's join)."""
+    n = world_size
+    if program == "A":
+        mean = torch.cat(data).mean()
+        return {"mean": [mean] * n}
+    if program == "B":
+        counts = sum(torch.bincount(lab, minlength=data["num_classes"]) for lab in data["labels"])
+        return {"counts": [counts] * n}
+    if program == "C":
+        update = data["lr"] * data["grads"].sum(0) / n
+        return {"lr and mean gradient": [{"lr": data["lr"], "update": update}] * n}
+    if program == "D":
+        prefix = data.cumsum(0)
+        return {"prefix sums": [{"prefix": prefix[r:r + 1], "total": prefix[-1:] if r == 0 else None}
+                                for r in range(n)]}
+    batches, lr = data["batches"], data["lr"]
+    if program == "E":
+        rounds = [batches[s * n:(s + 1) * n] for s in range(len(batches) // n)]
+        return {"one process": [_train_reference(rounds, lr)] * n}
+    full = len(batches) // n  # program F: rank 0 has one batch more than the others
+    rounds = [batches[s * n:(s + 1) * n] for s in range(full)]
+    padded = [batches[full * n:] + batches[:n - (len(batches) - full * n)]]  # DistributedSampler's wrap-around
+    return {"drop_last": [_train_reference(rounds, lr)] * n,
+            "padding (DistributedSampler)": [_train_reference(rounds + padded, lr)] * n,
+            "join()": [_train_reference(rounds + [batches[full * n:]], lr,
+                                        [1.0] * full + [(len(batches) - full * n) / n])] * n}
+
+
+def _same(got, want):
+    """Results compare as tensors (assert_close), dicts of them, or None."""
+    if want is None or got is None:
+        return got is None and want is None
+    if isinstance(want, dict):
+        return isinstance(got, dict) and set(got) == set(want) and all(_same(got[k], want[k]) for k in want)
+    if not isinstance(got, torch.Tensor):
+        got = torch.as_tensor(got, dtype=want.dtype) if isinstance(got, (int, float)) else got
+    return isinstance(got, torch.Tensor) and close(got.to(want.dtype).reshape(want.shape) if got.numel() == want.numel()
+                                                   else got, want, TOL)
+
+
+# ------------------------------------------------------------------ inside the ranks
+
+def _on_rank(fn, data, ddp):
+    """Runs on every rank: the fixed program inside a ledger (and a DDP forward counter); errors come back as data."""
+    forwards = [0]
+    saved = torch.nn.parallel.DistributedDataParallel.forward
+
+    def counted(self, *args, **kwargs):
+        forwards[0] += 1
+        return saved(self, *args, **kwargs)
+
+    if ddp:
+        torch.nn.parallel.DistributedDataParallel.forward = counted
+    value, error = None, None
+    try:
+        with CommLedger() as ledger:
+            value = fn(data)
+    except Exception as exc:  # noqa: BLE001 - reported to the learner in the kernel
+        error = caught(exc, getattr(fn, "__name__", "the fixed program"))
+    finally:
+        torch.nn.parallel.DistributedDataParallel.forward = saved
+    moved = [r for r in ledger.records if r.op not in SYNC_ONLY]
+    return dict(value=value, error=error, calls=len(moved), ddp_forwards=forwards[0])
+
+
+# ------------------------------------------------------------------ in the kernel
+
+def check_diagnosis(program, diagnosis):
+    """Is ``diagnosis`` (one of ``BUG_KINDS``) the bug planted in ``program``? Raises ``LabCheckFailed`` if not."""
+    __tracebackhide__ = True
+    if program not in PROGRAMS:
+        raise ValueError(f"no program {program!r}: the lab's programs are {sorted(PROGRAMS)}.")
+    if diagnosis is None:
+        raise NotImplementedError(f"program {program}: set its diagnosis to one of {sorted(BUG_KINDS)} "
+                                  "(read its report above first), then run this cell again.")
+    if diagnosis not in BUG_KINDS:
+        fail(HINTS, "not_a_kind", f"program {program}: {diagnosis!r} is not one of the bug kinds.")
+    if diagnosis != PROGRAMS[program]:
+        raise LabCheckFailed("wrong_diagnosis", f"program {program}: not {diagnosis!r} ({BUG_KINDS[diagnosis]}).",
+                             CLUES[program])
+
+
+def check_fix(program, diagnosis, fixed, world_sizes=(2, 3), timeout=30.0):
+    """Check the learner's answer to ``program``: the diagnosis, then the fixed program ``fixed(data)`` on each
+    world size: it must finish within ``timeout`` seconds, communicate on every rank, and return on every rank
+    what one process computes from the whole data set. Returns a ``CheckResult``; raises ``LabCheckFailed``."""
+    __tracebackhide__ = True
+    check_diagnosis(program, diagnosis)
+    lines = [f"diagnosis {diagnosis!r}: {BUG_KINDS[diagnosis]}"]
+    for n in world_sizes:
+        if n < 2:
+            raise ValueError(f"world size {n}: these bugs need at least 2 ranks; use 2 to 6.")
+        data = make_data(program, n)
+        ranks = launch_answer(_on_rank, (fixed, data, program in DDP_PROGRAMS), n, timeout,
+                              f"program {program}'s fix", HINTS["deadlock"])
+        raise_if_error(first_error(ranks), n, HINTS)
+        ddp = program in DDP_PROGRAMS
+        calls = [rk["ddp_forwards"] if ddp else rk["calls"] for rk in ranks]
+        what = "DDP forward passes" if ddp else "torch.distributed calls"
+        silent = [r for r, c in enumerate(calls) if c == 0]
+        if silent:
+            fail(HINTS, "no_communication", f"program {program}: rank(s) {silent} made no {what} "
+                 f"({'through DistributedDataParallel' if ddp else 'seen by CommLedger'}).", n)
+        wanted = references(program, data, n)
+        match = next((name for name, per_rank in wanted.items()
+                      if all(_same(rk["value"], w) for rk, w in zip(ranks, per_rank))), None)
+        if match is None:
+            name, per_rank = next(iter(wanted.items()))
+            r = next(r for r, rk in enumerate(ranks) if not _same(rk["value"], per_rank[r]))
+            fail(HINTS, "wrong_result", f"program {program}: rank {r} returned {_show(ranks[r]['value'])}, one process "
+                 f"computes {_show(per_rank[r])} ({name}).", n)
+        lines.append(f"world_size={n}: finished; every rank communicated ({min(calls)}-{max(calls)} {what} each); "
+                     f"results equal one process ({match})")
+    return CheckResult(f"program {program}", lines)
+
+
+def _show(value, width=200):
+    if isinstance(value, dict):
+        text = "{" + ", ".join(f"{k!r}: {_show(v)}" for k, v in value.items()) + "}"
+    elif isinstance(value, torch.Tensor):
+        text = str(value.detach().flatten()[:8].tolist())
+    else:
+        text = repr(value)
+    return text if len(text) <= width else text[:width] + "..."
