@@ -114,7 +114,8 @@ def fsdp_losses(steps, hidden=512, size=FSDP_BATCH, lr=FSDP_LR):
     rank, n, device = dist.get_rank(), dist.get_world_size(), rank_device()
     if size % n:
         raise ValueError(f"a global batch of {size} does not split into {n} equal shards; use a multiple of {n}")
-    model = shard_with_fsdp2(make_model(hidden).to(device), init_device_mesh(device.type, (n,)))
+    model = make_model(hidden).to(device)
+    shard_with_fsdp2(model, init_device_mesh(device.type, (n,)))  # in place: embed, [mix1, mix2], head, root
     opt = make_optimizer(model.parameters(), "adam", lr)  # sees DTensors: its state is sharded too
     losses = []
     for step in range(steps):
