@@ -12,6 +12,7 @@ scripts. Three rules a notebook must keep when it starts ``torchrun``:
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -101,8 +102,15 @@ def launch(commands, timeout, env=None):
     if problem:
         tails = "\n".join(f"--- agent {i}: {' '.join(commands[i][3:])}\n" + "\n".join(o.splitlines()[-25:])
                           for i, o in enumerate(outputs))
-        raise TorchrunFailed(f"torchrun {problem} ({seconds:.1f} s). The agents' last lines:\n{tails}")
+        raise TorchrunFailed(f"torchrun {problem} ({seconds:.1f} s). {_errors(outputs)}The agents' last lines:\n{tails}")
     return outputs, seconds
+
+
+def _errors(outputs):
+    """The ranks' exception lines ("[rank0]: ValueError: ..."): torchrun's own summary, at the end, hides them."""
+    found = dict.fromkeys(line.strip() for o in outputs for line in o.splitlines()
+                          if re.search(r"\b\w*(Error|Exception|Failed)\w*: ", line) and "elastic" not in line)
+    return "The ranks raised:\n" + "\n".join(list(found)[:6]) + "\n" if found else ""
 
 
 def _kill(procs):
