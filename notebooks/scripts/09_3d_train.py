@@ -1,0 +1,46 @@
+"""Lesson 09's 3-D parallel training as a script for torchrun: the tiny Llama on a dp x pp x tp mesh.
+
+    python -m torch.distributed.run --standalone --nproc-per-node 8 notebooks/scripts/09_3d_train.py --dp 2 --pp 2 --tp 2
+
+The model, the split, the plan and the loop are ``utils.parallelize3d`` (``build`` and ``train``), the code
+lesson 09 derives and runs in its own cells; its one-process ``reference`` is what the losses must match.
+``--dp 1 --pp 1`` is pure tensor (and sequence) parallelism: that is ``05_tp_train.py``.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `utils`
+from utils.parallelize3d import LR, train  # noqa: E402 - after the path
+from utils.torchrun import init_from_env, print_losses  # noqa: E402
+
+
+def main(argv=None, tp_only=False):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3, help="optimizer steps")
+    if not tp_only:
+        parser.add_argument("--dp", type=int, default=1, help="data-parallel degree (FSDP2)")
+        parser.add_argument("--pp", type=int, default=1, help="pipeline stages")
+    parser.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default: what is left)")
+    parser.add_argument("--lr", type=float, default=LR, help="Adam learning rate")
+    parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    args = parser.parse_args(argv)
+    dp, pp = (1, 1) if tp_only else (args.dp, args.pp)
+    init_from_env(args.backend)
+    n = dist.get_world_size()
+    tp = args.tp or n // (dp * pp)
+    if dp * pp * tp != n:
+        raise ValueError(f"dp x pp x tp = {dp} x {pp} x {tp} = {dp * pp * tp}, but torchrun started {n} processes; "
+                         f"choose degrees whose product is {n}")
+    out = train(dp, pp, tp, args.steps, lr=args.lr)  # check_mesh says what does not fit, with the numbers
+    if dist.get_rank() == 0:
+        print(f"mesh dp={dp} pp={pp} tp={tp}")
+        print_losses(out["losses"])
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""The lesson scripts under torchrun, and ``utils.torchrun``'s launcher: losses, errors, timeouts.
+
+Each script runs with 2 processes on gloo and must reproduce the one-process reference (the lessons check
+them against their own cells too). These tests start torchrun, so each takes seconds to a minute on a loaded CPU.
+"""
+
+import os
+import sys
+import time
+
+import pytest
+import torch
+
+from utils import lesson_training, parallelize3d
+from utils.torchrun import TorchrunFailed, launch, parse_losses, print_losses, run_script, torchrun_command
+
+TOL = dict(rtol=1e-5, atol=1e-5)  # float32 sums in another order than one process's
+STEPS = 3
+
+
+@pytest.mark.parametrize("script, args, reference", [
+    ("02_ddp_train.py", [], lambda: lesson_training.reference_losses(STEPS, 240, "sgd", 0.5)),
+    ("04_fsdp_train.py", ["--hidden", 128], lambda: lesson_training.reference_losses(STEPS, 120, "adam", 1e-3, 128, False)),
+    ("06_pipeline_train.py", [], lambda: lesson_training.reference_losses(STEPS, 32, "sgd", 0.5, ordered=False)),
+    ("05_tp_train.py", [], lambda: parallelize3d.reference(STEPS)[0]),
+    ("09_3d_train.py", ["--pp", 2], lambda: parallelize3d.reference(STEPS)[0]),
+])
+def test_script_matches_one_process(script, args, reference):
+    losses, seconds, out = run_script(script, ["--steps", STEPS, "--backend", "gloo", *args], nproc=2, timeout=400)
+    print(f"{script}: {seconds:.1f} s")
+    torch.testing.assert_close(losses, reference(), **TOL)
+
+
+def test_a_bad_mesh_fails_with_the_numbers():
+    with pytest.raises(TorchrunFailed, match=r"dp x pp x tp = 1 x 1 x 3 = 3, but torchrun started 2 processes"):
+        run_script("09_3d_train.py", ["--tp", 3, "--backend", "gloo"], nproc=2, timeout=300)
+
+
+def test_timeout_kills_the_whole_process_group(tmp_path):
+    """An agent that hangs, with a child of its own: both must be dead when launch raises."""
+    pid_file = tmp_path / "child.pid"
+    hang = [sys.executable, "-c", "import subprocess, sys, time; "
+            f"p = subprocess.Popen(['sleep', '300']); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(300)"]
+    start = time.monotonic()
+    with pytest.raises(TorchrunFailed, match="timed out after 3 s"):
+        launch([hang], timeout=3)
+    assert time.monotonic() - start < 60
+    child = int(pid_file.read_text())
+    time.sleep(0.2)
+    try:
+        os.kill(child, 0)
+        with open(f"/proc/{child}/stat") as f:  # a zombie (dead, not yet reaped by init) is dead too
+            assert f.read().split()[2] == "Z", "the agent's child outlived the timeout"
+    except ProcessLookupError:
+        pass
+
+
+def test_a_failing_agent_reports_its_output():
+    with pytest.raises(TorchrunFailed, match="exit code 3") as err:
+        launch([[sys.executable, "-c", "print('about to fail'); raise SystemExit(3)"]], timeout=60)
+    assert "about to fail" in str(err.value)
+
+
+def test_losses_round_trip_exactly(capsys):
+    values = [2.302585092994046, 1 / 3, 1e-30]
+    print_losses(values)
+    assert parse_losses(capsys.readouterr().out) == values  # hex keeps every bit
+    with pytest.raises(TorchrunFailed, match="expected one LOSSES_HEX line, found 0"):
+        parse_losses("no losses here")
+
+
+def test_command_lines():
+    one = torchrun_command("s.py", ["--steps", 3], nproc=4)
+    assert one[1:3] == ["-m", "torch.distributed.run"] and "--standalone" in one and one[-3:] == ["s.py", "--steps", "3"]
+    two = torchrun_command("s.py", nproc=2, nnodes=2, endpoint="localhost:1234", run_id="x")
+    assert "--standalone" not in two
+    for flag, value in (("--nnodes", "2"), ("--rdzv-backend", "c10d"), ("--rdzv-endpoint", "localhost:1234"),
+                        ("--rdzv-id", "x"), ("--nproc-per-node", "2")):
+        assert two[two.index(flag) + 1] == value
+
+
+def test_batches_cycle_and_optimizers_are_checked():
+    x0, _ = lesson_training.batch(0, 240)
+    x7, _ = lesson_training.batch(7, 240)  # 1797 // 240 = 7 batches per pass: step 7 is batch 0 again
+    assert torch.equal(x0, x7)
+    with pytest.raises(ValueError, match="optimizer 'lamb' is not one of"):
+        lesson_training.make_optimizer([], "lamb", 0.1)

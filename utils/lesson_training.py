@@ -1,0 +1,168 @@
+"""The training loops of lessons 02, 04 and 06, as functions a ``torchrun`` script and a notebook both call.
+
+Lesson 02 (``notebooks/02_data_parallelism.ipynb``) derives torch DDP with a Python all-reduce hook, lesson 04
+FSDP2 on the course model, lesson 06 the course model cut into pipeline stages by ``torch.distributed.pipelining``.
+Each lesson trains in its own cells; its script in ``notebooks/scripts/`` runs the same loop from here, with
+the same model (``utils.ToyNet``), data order, batch split and optimizer, so lesson 10 and the lessons
+themselves can check that ``torchrun`` reproduces the notebook's losses. Lesson 05's and 09's scripts train
+``utils.parallelize3d``'s tiny Llama instead.
+
+Every ``*_losses`` function runs on one rank of an initialised process group and returns the per-step
+*global* losses (the mean over ranks of each rank's mean loss), the same list on every rank.
+``reference_losses`` is one process on the whole batch: what every split run must reproduce.
+"""
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .launch import rank_device
+from .lightning_toy import digits_in_order
+from .models import ToyNet
+
+__all__ = ["DDP_BATCH", "DDP_LR", "FSDP_BATCH", "FSDP_LR", "PIPE_BATCH", "PIPE_LR", "SPLIT_NAMES", "batch",
+           "make_model", "make_optimizer", "reference_losses", "ddp_losses", "fsdp_losses", "pipeline_losses",
+           "allreduce_hook"]
+
+DDP_BATCH, DDP_LR = 240, 0.5  # lesson 02: global batch, plain SGD learning rate
+FSDP_BATCH, FSDP_LR = 120, 1e-3  # lesson 04: global batch, Adam learning rate
+PIPE_BATCH, PIPE_LR = 32, 0.5  # lesson 06: the batch of its pipeline checks; SGD for the steps after the first
+SPLIT_NAMES = ["embed", "mix1", "mix2", "head"]  # the ToyNet submodule where each of its 4 layers begins
+
+
+def make_model(hidden=64, seed=0):
+    """The course model, seeded: every rank builds the same one (DDP and FSDP broadcast or shard it anyway)."""
+    torch.manual_seed(seed)  # ToyNet's frozen input_scale and buffer input_shift are random too
+    return ToyNet(hidden=hidden)
+
+
+def make_optimizer(params, name, lr):
+    """"sgd" (lessons 02, 06), "adam" (lesson 04) or "adamw" (the 30-step two-node run of lesson 10)."""
+    optimizers = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+    if name not in optimizers:
+        raise ValueError(f"optimizer {name!r} is not one of {sorted(optimizers)}")
+    return optimizers[name](params, lr=lr)
+
+
+def batch(step, size, ordered=True):
+    """Global batch ``step`` of ``size`` digits: lesson 02's shuffled order (``ordered``) or the file's order
+    (lessons 04 and 06). Past the end of the 1797 digits it starts again from the first batch."""
+    x, y = digits_in_order() if ordered else _digits()
+    per_epoch = len(x) // size
+    rows = slice((step % per_epoch) * size, (step % per_epoch + 1) * size)
+    return x[rows], y[rows]  # (size, 64), (size,)
+
+
+def _digits():
+    from .datasets import digits
+    return digits()
+
+
+def reference_losses(steps, size, optimizer, lr, hidden=64, ordered=True):
+    """One process, the whole global batch: the losses every split run must reproduce."""
+    model = make_model(hidden)
+    opt = make_optimizer(model.parameters(), optimizer, lr)
+    losses = []
+    for step in range(steps):
+        x, y = batch(step, size, ordered)
+        loss = F.cross_entropy(model(x), y)  # mean over the global batch
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _global_mean(loss):
+    """The mean over ranks of each rank's mean loss: the global mean loss when the shards are equal."""
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    return total.item() / dist.get_world_size()
+
+
+def allreduce_hook(state, bucket):
+    """Lesson 02's DDP communication hook: pre-divide the flat bucket, then sum it over ranks = the mean."""
+    flat = bucket.buffer().div_(dist.get_world_size())
+    return dist.all_reduce(flat, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+
+def ddp_losses(steps, size=DDP_BATCH, optimizer="sgd", lr=DDP_LR):
+    """Lesson 02's torch DDP: rank r trains on samples r, r+n, ... of each global batch (as DistributedSampler)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    rank, n, device = dist.get_rank(), dist.get_world_size(), rank_device()
+    if size % n:
+        raise ValueError(f"a global batch of {size} does not split into {n} equal shards; use a multiple of {n}")
+    model = DDP(make_model(seed=rank).to(device), device_ids=[device] if device.type == "cuda" else None)
+    model.register_comm_hook(state=None, hook=allreduce_hook)  # DDP broadcast rank 0's weights when built
+    opt = make_optimizer(model.parameters(), optimizer, lr)
+    losses = []
+    for step in range(steps):
+        x, y = (t[rank::n].to(device) for t in batch(step, size))  # (B/n, 64)
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()  # the hook all-reduces every bucket in here
+        opt.step()
+        losses.append(_global_mean(loss))
+    return losses
+
+
+def fsdp_losses(steps, hidden=512, size=FSDP_BATCH, lr=FSDP_LR):
+    """Lesson 04's FSDP2: blocks first (the tied mix1/mix2 pair in one group), then the root; Adam."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from .lightning_toy import shard_with_fsdp2
+    rank, n, device = dist.get_rank(), dist.get_world_size(), rank_device()
+    if size % n:
+        raise ValueError(f"a global batch of {size} does not split into {n} equal shards; use a multiple of {n}")
+    model = make_model(hidden).to(device)
+    shard_with_fsdp2(model, init_device_mesh(device.type, (n,)))  # in place: embed, [mix1, mix2], head, root
+    opt = make_optimizer(model.parameters(), "adam", lr)  # sees DTensors: its state is sharded too
+    losses = []
+    for step in range(steps):
+        x, y = (t.chunk(n)[rank].to(device) for t in batch(step, size, ordered=False))  # (B/n, 64)
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()  # reduce-scatter: each rank gets the mean gradient of its rows
+        opt.step()
+        losses.append(_global_mean(loss))
+    return losses
+
+
+def pipeline_losses(steps, microbatches=4, size=PIPE_BATCH, lr=PIPE_LR):
+    """Lesson 06's real tool: ToyNet traced and split into p stages at its layer boundaries, GPipe schedule, SGD.
+
+    The tracer gives each stage its own copy of the parameters, so the tied mix1/mix2 weight exists on the
+    stage(s) that use it: its gradient is summed over the ranks (ranks without it add zeros), and every
+    holder then takes the same step. Returns the batch losses (the mean of the micro-batch means)."""
+    import warnings
+
+    from torch.distributed.pipelining import ScheduleGPipe, SplitPoint, pipeline
+
+    from .pipeline import split_layers
+    warnings.filterwarnings("ignore", category=FutureWarning)  # the tracer's pytree deprecation notices
+    rank, p, device = dist.get_rank(), dist.get_world_size(), rank_device()
+    plan = split_layers(len(SPLIT_NAMES), p)  # raises for more stages than layers, with the numbers
+    net = make_model().to(device)
+    x0, _ = batch(0, size, ordered=False)
+    spec = {SPLIT_NAMES[a]: SplitPoint.BEGINNING for a, _ in plan[1:]}
+    stage = pipeline(net, mb_args=(x0.to(device).chunk(microbatches)[0],), split_spec=spec).build_stage(rank, device)
+    module = stage.submod
+    schedule = ScheduleGPipe(stage, n_microbatches=microbatches, loss_fn=F.cross_entropy)
+    opt = make_optimizer([q for q in module.parameters() if q.requires_grad], "sgd", lr)
+    tied = [q for name, q in module.named_parameters() if name in ("mix1.weight", "mix2.weight")]
+    losses = []
+    for step in range(steps):
+        x, y = (t.to(device) for t in batch(step, size, ordered=False))
+        opt.zero_grad()
+        mb_losses = []
+        schedule.step(x) if rank == 0 else schedule.step(target=y, losses=mb_losses) if rank == p - 1 else schedule.step()
+        grad = sum(q.grad for q in tied if q.grad is not None) if tied else torch.zeros(64, 64, device=device)
+        dist.all_reduce(grad)  # the tied weight: the stages' shares summed, on every rank
+        for q in tied:
+            q.grad = grad.clone()
+        opt.step()
+        loss = torch.stack(mb_losses).mean() if mb_losses else torch.zeros((), device=device)
+        dist.broadcast(loss, src=p - 1)  # only the last stage computed it
+        losses.append(loss.item())
+    return losses
+

@@ -1,0 +1,157 @@
+"""A lesson script under ``torchrun``, run from a notebook as a subprocess: one agent, or two agents as two nodes.
+
+Notebook 10 (``notebooks/10_torchrun_and_slurm.ipynb``) derives it; lessons 02, 04 and 06 use it to check their
+scripts. Three rules a notebook must keep when it starts ``torchrun``:
+
+- ``sys.executable -m torch.distributed.run``: the kernel's own Python and torch, whatever ``torchrun`` is on PATH;
+- a timeout on every launch, and on timeout kill the agent's whole *process group* (the agent and every worker
+  it started: killing only the agent leaves its workers holding their ports), then say what each printed;
+- every script prints its per-step losses on rank 0 as one line ``LOSSES_HEX [...]`` of ``float.hex`` strings,
+  so the notebook reads back the exact floats and can compare them bitwise.
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["ROOT", "SCRIPTS", "init_from_env", "free_port", "torchrun_command", "launch", "run_script", "run_two_agents",
+           "parse_losses", "print_losses", "TorchrunFailed"]
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository
+SCRIPTS = ROOT / "notebooks" / "scripts"
+
+
+class TorchrunFailed(RuntimeError):
+    """A torchrun agent exited with an error or ran out of time; the message holds the tail of its output."""
+
+
+def init_from_env(backend="auto"):
+    """In a script under torchrun: join the process group torchrun described in the environment.
+
+    ``auto``: NCCL when this node has a GPU per local process, else gloo (said on rank 0). Two agents
+    emulating two nodes on a machine with fewer GPUs than processes must use gloo: pass ``gloo``."""
+    import torch
+    import torch.distributed as dist
+    local_rank, local_size = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= local_size else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)  # one GPU per local process
+    dist.init_process_group(backend)
+    if dist.get_rank() == 0:
+        print(f"{dist.get_world_size()} processes on {os.environ.get('GROUP_WORLD_SIZE', '1')} node(s), backend "
+              f"{backend}, torch {torch.__version__}", flush=True)
+    return backend
+
+
+def free_port():
+    """A TCP port nobody listens on now (the OS picks it): the rendezvous endpoint of one run."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_command(script, args=(), nproc=2, nnodes=1, endpoint=None, run_id="course", max_restarts=0):
+    """The command line of one ``torchrun`` agent: ``--standalone`` for one node, else c10d at ``endpoint``."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+    if nnodes == 1 and endpoint is None:
+        cmd += ["--standalone"]  # a c10d rendezvous on localhost, on a free port torchrun picks itself
+    else:
+        cmd += ["--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id]
+    cmd += ["--max-restarts", str(max_restarts), str(script), *map(str, args)]
+    return cmd
+
+
+def _env(extra=None):
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))  # said, so torchrun does not warn
+    env.pop("MASTER_ADDR", None), env.pop("MASTER_PORT", None)  # a parent's rendezvous must not leak into ours
+    env.update(extra or {})
+    return env
+
+
+def launch(commands, timeout, env=None):
+    """Start every command at once, each in its own session; wait at most ``timeout`` seconds for all.
+
+    Returns (stdouts, seconds). Raises ``TorchrunFailed`` when one fails or time runs out; then every
+    process group still alive is killed first, so that nothing is left holding a port or a CPU."""
+    start = time.perf_counter()
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                              env=_env(env), start_new_session=True) for c in commands]
+    outputs, problem = [], None
+    try:
+        for proc in procs:
+            left = max(1.0, timeout - (time.perf_counter() - start))
+            try:
+                out, _ = proc.communicate(timeout=left)
+            except subprocess.TimeoutExpired:
+                problem = problem or f"timed out after {timeout} s"
+                _kill(procs)
+                out, _ = proc.communicate()
+            outputs.append(out)
+            if proc.returncode and problem is None:
+                problem = f"exit code {proc.returncode}"
+    finally:
+        _kill(procs)
+    seconds = time.perf_counter() - start
+    if problem:
+        tails = "\n".join(f"--- agent {i}: {' '.join(commands[i][3:])}\n" + "\n".join(o.splitlines()[-25:])
+                          for i, o in enumerate(outputs))
+        raise TorchrunFailed(f"torchrun {problem} ({seconds:.1f} s). {_errors(outputs)}The agents' last lines:\n{tails}")
+    return outputs, seconds
+
+
+def _errors(outputs):
+    """The ranks' exception lines ("[rank0]: ValueError: ..."): torchrun's own summary, at the end, hides them."""
+    found = dict.fromkeys(line.strip() for o in outputs for line in o.splitlines()
+                          if re.search(r"\b\w*(Error|Exception|Failed)\w*: ", line) and "elastic" not in line)
+    return "The ranks raised:\n" + "\n".join(list(found)[:6]) + "\n" if found else ""
+
+
+def _kill(procs):
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the agent is its group's leader: the workers go too
+            except ProcessLookupError:
+                pass
+
+
+def parse_losses(stdout):
+    """The floats of the ``LOSSES_HEX`` line rank 0 printed (exact: hex keeps every bit)."""
+    lines = [line for line in stdout.splitlines() if line.startswith("LOSSES_HEX ")]
+    if len(lines) != 1:
+        raise TorchrunFailed(f"expected one LOSSES_HEX line, found {len(lines)}; output ends:\n{stdout[-2000:]}")
+    return [float.fromhex(h) for h in json.loads(lines[0][len("LOSSES_HEX "):])]
+
+
+def print_losses(losses):
+    """What a script's rank 0 prints: readable losses, then the exact ones."""
+    print("losses:", [round(v, 6) for v in losses])
+    print("LOSSES_HEX " + json.dumps([float(v).hex() for v in losses]), flush=True)
+
+
+def run_script(script, args=(), nproc=2, timeout=120, env=None):
+    """One agent (one node) with ``nproc`` processes: (losses, seconds, stdout)."""
+    (out,), seconds = launch([torchrun_command(SCRIPTS / script, args, nproc)], timeout, env)
+    return parse_losses(out), seconds, out
+
+
+def run_two_agents(script, args=(), nproc_per_node=1, timeout=120, env=None):
+    """Two agents on this machine, as two nodes meeting at a c10d rendezvous on localhost:<free port>.
+
+    The agent that binds the endpoint first hosts the rendezvous store, the other joins it; together they
+    run 2 x ``nproc_per_node`` processes. Returns (losses, seconds, stdouts)."""
+    endpoint, run_id = f"localhost:{free_port()}", f"course-{os.getpid()}-{time.monotonic_ns()}"
+    commands = [torchrun_command(SCRIPTS / script, args, nproc_per_node, nnodes=2, endpoint=endpoint, run_id=run_id)
+                for _ in range(2)]
+    outs, seconds = launch(commands, timeout, env)
+    printed = [o for o in outs if "LOSSES_HEX " in o]  # rank 0 lives on whichever agent got node rank 0
+    if len(printed) != 1:
+        raise TorchrunFailed(f"expected rank 0's losses from exactly one agent, got {len(printed)}")
+    return parse_losses(printed[0]), seconds, outs
