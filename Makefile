@@ -107,6 +107,5 @@ $(FW_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/python -m pip check
 	touch $(FW_STAMP)
 
-test-frameworks: frameworks  ## notebook 13 at WORLD_SIZE=2 and its unit tests (TensorFlow, Horovod)
-	$(BIN)/python -m pytest tests/test_frameworks.py tests/test_notebooks.py -k "frameworks or 13_" \
-	  --world-sizes=2 $(PYTEST_ARGS)
+test-frameworks: frameworks  ## notebook 13 at its suite_world_sizes (2) and its unit tests
+	$(BIN)/python -m pytest tests/test_frameworks.py tests/test_notebooks.py -k "frameworks or 13_" $(PYTEST_ARGS)
