@@ -88,3 +88,24 @@ strip:  ## remove outputs from every notebook before committing
 
 clean:
 	rm -rf build .pytest_cache
+
+# Optional lesson 13 (TensorFlow beside torch): its own extra, never part of `make setup`/`make test`.
+# Only the extra's pins are installed (the course and its torch stay as they are, SYSTEM_TORCH=1 too).
+define FRAMEWORKS_PINS
+import tomllib
+print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["frameworks"]))
+endef
+export FRAMEWORKS_PINS
+FW_STAMP := $(VENV)/.frameworks-stamp
+
+.PHONY: frameworks test-frameworks
+frameworks: $(FW_STAMP)  ## the [frameworks] extra (TensorFlow, CPU) into .venv, for notebook 13
+
+$(FW_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -c "$$FRAMEWORKS_PINS" > $(VENV)/frameworks-pins.txt
+	$(BIN)/python -m pip install --quiet --requirement $(VENV)/frameworks-pins.txt
+	$(BIN)/python -m pip check
+	touch $(FW_STAMP)
+
+test-frameworks: frameworks  ## notebook 13 at its suite_world_sizes (2) and its unit tests
+	$(BIN)/python -m pytest tests/test_frameworks.py tests/test_notebooks.py -k "frameworks or 13_" $(PYTEST_ARGS)

@@ -58,6 +58,15 @@ def suite_world_sizes(path):
     return [int(n) for n in course_metadata(path).get("suite_world_sizes", [2])]
 
 
+def missing_requirements(path):
+    """The modules of ``metadata.course.requires`` that the course's kernel cannot import: an optional lesson
+    (notebook 13 needs TensorFlow, from ``make frameworks``) is skipped, with the reason, where they are absent.
+    The kernel is this interpreter (``.venv``, see kernel_env), so ``find_spec`` here answers for it."""
+    import importlib.util
+
+    return [name for name in course_metadata(path).get("requires", []) if importlib.util.find_spec(name) is None]
+
+
 def kernel_env():
     """Environment in which papermill finds the course's own kernel first (see the Makefile)."""
     env = dict(os.environ)
@@ -106,6 +115,9 @@ def main(argv):
     paths = [Path(p) for p in argv] or course_notebooks()
     rows = []
     for path in paths:
+        if missing := missing_requirements(path):
+            print(f"skipped {path.name}: needs {', '.join(missing)} (metadata.course.requires; `make frameworks`)")
+            continue
         ok, seconds, log = execute(path, BUILD / "course", parameters_for(path))
         if not ok:
             print(log[-4000:])

@@ -7,13 +7,16 @@ tagged ``parameters``: SMOKE=True (tiny sizes) and WORLD_SIZE, once per size of 
 USE_REFERENCE=True, so that their checker runs on the reference solution (tests/test_labs.py feeds
 it wrong ones). A notebook whose lesson cannot use a size lists the sizes it can in
 ``metadata.course.world_sizes``: the other sizes are skipped here, and the notebook itself raises
-a clear error for them (tested below).
+a clear error for them (tested below). An optional lesson lists the modules it needs beyond the
+course's own in ``metadata.course.requires``; where one is not installed it is skipped, with the reason.
 """
+
+import sys
 
 import pytest
 from conftest import NOTEBOOK_TIMES
-from notebook_runner import (BUILD, ROOT, course_notebooks, execute, parameters_for, suite_world_sizes,
-                             supported_world_sizes)
+from notebook_runner import (BUILD, ROOT, course_notebooks, execute, missing_requirements, parameters_for,
+                             suite_world_sizes, supported_world_sizes)
 
 
 @pytest.mark.notebook
@@ -22,6 +25,9 @@ def test_notebook_runs(path, world_size):  # (path, world_size) pairs: from --wo
     if supported is not None and world_size not in supported:
         pytest.skip(f"{path.name} cannot use WORLD_SIZE={world_size} (metadata.course.world_sizes = {supported}); "
                     "its parameters cell says why")
+    if missing := missing_requirements(path):
+        pytest.skip(f"{path.name} needs {', '.join(missing)} (metadata.course.requires), not installed in "
+                    f"{sys.prefix}: `make frameworks` installs it, `make test-frameworks` runs it")
     out = BUILD / "test" / f"ws{world_size}"
     ok, seconds, log = execute(path, out, parameters_for(path, SMOKE=True, WORLD_SIZE=world_size))
     NOTEBOOK_TIMES.append((f"{path.relative_to(ROOT)} (WORLD_SIZE={world_size})", ok, seconds))
@@ -42,6 +48,8 @@ def test_notebook_on_one_gpu(path):
     supported = supported_world_sizes(path)
     if supported is not None and 1 not in supported:
         pytest.skip(f"{path.name} cannot use WORLD_SIZE=1 (metadata.course.world_sizes = {supported})")
+    if missing := missing_requirements(path):
+        pytest.skip(f"{path.name} needs {', '.join(missing)} (metadata.course.requires): `make frameworks`")
     out = BUILD / "test" / "gpu-ws1"
     ok, seconds, log = execute(path, out, parameters_for(path, SMOKE=True, WORLD_SIZE=1))
     NOTEBOOK_TIMES.append((f"{path.relative_to(ROOT)} (GPU, WORLD_SIZE=1)", ok, seconds))

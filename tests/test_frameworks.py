@@ -1,0 +1,78 @@
+"""The optional lesson 13 (other frameworks): its model and step in TensorFlow, and how the suite skips it.
+
+``make test-frameworks`` runs these and notebook 13 itself (after ``make frameworks`` installs the
+[frameworks] extra). Without TensorFlow, the TensorFlow tests here skip with the reason, and the
+default suite skips notebook 13 (``metadata.course.requires``, tests/notebook_runner.py).
+"""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from notebook_runner import ROOT, course_metadata, missing_requirements
+
+import utils
+
+NOTEBOOK = ROOT / "notebooks" / "13_other_frameworks.ipynb"
+
+
+def test_notebook_declares_what_it_needs():
+    meta = course_metadata(NOTEBOOK)
+    assert meta["requires"] == ["tensorflow"] and meta["suite_world_sizes"] == [2]
+    assert 2 in meta["world_sizes"] and meta["test_timeout"] >= 300
+
+
+def test_missing_requirement_is_named(tmp_path):
+    """A notebook that needs a module nobody has is reported, one that needs only torch is not."""
+    def notebook(requires):
+        path = tmp_path / f"{len(requires)}.ipynb"
+        path.write_text(json.dumps({"cells": [], "metadata": {"course": {"requires": requires}}}))
+        return path
+
+    assert missing_requirements(notebook(["torch", "no_such_module_for_lesson_13"])) == ["no_such_module_for_lesson_13"]
+    assert missing_requirements(notebook(["torch"])) == []
+
+
+def _state_and_batch(batch=48):
+    torch.manual_seed(0)
+    model = utils.ToyNet()
+    x, y = utils.digits()
+    return model, x[:batch], y[:batch]
+
+
+TOL = dict(rtol=1e-4, atol=1e-6)  # float32, another framework's kernels (the notebook explains it)
+
+
+def test_tf_toynet_matches_torch_forward_and_gradient():
+    tf = pytest.importorskip("tensorflow", reason="TensorFlow is in the optional [frameworks] extra: `make frameworks`")
+    from utils.tf_toynet import TRAINABLE, TFToyNet, single_device_step
+
+    model, x, y = _state_and_batch()
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == TRAINABLE
+    tf_model = TFToyNet(model.state_dict())
+    torch.testing.assert_close(torch.as_tensor(tf_model(tf.constant(x.numpy())).numpy()), model(x).detach(), **TOL)
+    F.cross_entropy(model(x), y).backward()
+    _, grads = single_device_step(tf_model, x.numpy(), y.numpy(), lr=0.5)
+    torch.testing.assert_close({k: torch.as_tensor(v) for k, v in grads.items()},
+                               {n: p.grad for n, p in model.named_parameters() if p.requires_grad}, **TOL)
+    # the tied weight: one variable, whose gradient sums both uses (as torch's does)
+    assert sum(1 for v in tf_model.trainable_variables if v is tf_model.params["mix1.weight"]) == 1
+
+
+def test_dp_step_on_one_replica_is_the_single_device_step():
+    tf = pytest.importorskip("tensorflow", reason="TensorFlow is in the optional [frameworks] extra: `make frameworks`")
+    from utils.tf_toynet import TFToyNet, dp_step, single_device_step
+
+    model, x, y = _state_and_batch()
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")  # one replica: the step's code path, no second device needed
+    with strategy.scope():
+        dp_model = TFToyNet(model.state_dict())
+    loss, (grads,) = dp_step(strategy, dp_model, x.numpy(), y.numpy(), lr=0.5)
+    ref = TFToyNet(model.state_dict())
+    ref_loss, ref_grads = single_device_step(ref, x.numpy(), y.numpy(), lr=0.5)
+    assert abs(loss - ref_loss) < 1e-6
+    for k in ref_grads:
+        torch.testing.assert_close(torch.as_tensor(grads[k]), torch.as_tensor(ref_grads[k]), rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(torch.as_tensor(dp_model.torch_state()[k]), torch.as_tensor(ref.torch_state()[k]),
+                                   rtol=1e-5, atol=1e-7)
