@@ -70,7 +70,8 @@ endif
 	touch $(STAMP)
 
 lab: setup
-	JUPYTER_PATH=$(CURDIR)/$(VENV)/share/jupyter $(BIN)/jupyter lab $(ROOT_ARGS) $(LAB_ARGS) notebooks/00_start_here.ipynb
+	@# root_dir: opening a file alone would make its folder the root, and labs/ unreachable from the file browser
+	JUPYTER_PATH=$(CURDIR)/$(VENV)/share/jupyter $(BIN)/jupyter lab $(ROOT_ARGS) --ServerApp.root_dir=$(CURDIR) $(LAB_ARGS) notebooks/00_start_here.ipynb
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

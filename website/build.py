@@ -114,7 +114,7 @@ def stage(docs: Path, executed: Path | None, folders=None):
     (docs / "labs").mkdir()
     shutil.copy(ROOT / "README.md", docs / "index.md")
     shutil.copy(ROOT / "labs" / "README.md", docs / "labs" / "README.md")
-    shutil.copy(HERE / "extra.css", docs / "extra.css")
+    shutil.copy(HERE / "site.css", docs / "site.css")
     for folder in ("notebooks/scripts", "utils", "labs/solutions"):  # source files the lessons link to
         shutil.copytree(ROOT / folder, docs / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     pages, sources = [], {}
@@ -140,7 +140,7 @@ def build(out: Path, executed: Path | None = None, strict: bool = False, folders
         "docs_dir": "docs", "site_dir": str(out.resolve()),
         "use_directory_urls": False,  # notebooks/01_collectives.html: the lessons' own links then work
         "theme": {"name": "material", "features": ["navigation.sections", "navigation.footer"]},
-        "extra_css": ["extra.css"],
+        "extra_css": ["site.css"],
         "hooks": [str(HERE / "hooks.py")],
         "plugins": [{"mkdocs-jupyter": {"include_source": True, "ignore_h1_titles": False,
                                         "include_requirejs": False, "execute": False}}],
