@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -150,7 +151,8 @@ def build(out: Path, executed: Path | None = None, strict: bool = False, folders
     }
     (work / "mkdocs.yml").write_text(json.dumps(config, indent=1))  # JSON is YAML
     cmd = [sys.executable, "-m", "mkdocs", "build", "--quiet", "--clean", "-f", str(work / "mkdocs.yml")]
-    subprocess.run(cmd + (["--strict"] if strict else []), check=True, cwd=work)  # mkdocs-jupyter caches in cwd/.cache
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")  # Material's banner about MkDocs 2: we pin MkDocs 1.6
+    subprocess.run(cmd + (["--strict"] if strict else []), check=True, cwd=work, env=env)  # caches in cwd/.cache
     return sources
 
 
