@@ -61,10 +61,17 @@ endif
 	@# The course's own kernel, inside .venv; JUPYTER_PATH (below, and tests/conftest.py) puts it first,
 	@# so a user-wide "python3" kernel from another environment cannot take its place.
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (distributed course)" >/dev/null
+	@# git strips notebook outputs when staging: nbstripout as a git filter (.gitattributes names it), keeping
+	@# cell ids; not "required", so a removed .venv leaves `git add` working (the tests still refuse outputs)
+	@if git rev-parse --git-dir >/dev/null 2>&1; then $(BIN)/nbstripout --install --attributes .gitattributes && \
+	  git config filter.nbstripout.clean '"$(CURDIR)/$(BIN)/python" -m nbstripout --keep-id' && \
+	  git config diff.ipynb.textconv '"$(CURDIR)/$(BIN)/python" -m nbstripout --keep-id -t' && \
+	  git config filter.nbstripout.required false; fi
 	touch $(STAMP)
 
 lab: setup
-	JUPYTER_PATH=$(CURDIR)/$(VENV)/share/jupyter $(BIN)/jupyter lab $(ROOT_ARGS) $(LAB_ARGS) notebooks/00_start_here.ipynb
+	@# root_dir: opening a file alone would make its folder the root, and labs/ unreachable from the file browser
+	JUPYTER_PATH=$(CURDIR)/$(VENV)/share/jupyter $(BIN)/jupyter lab $(ROOT_ARGS) --ServerApp.root_dir=$(CURDIR) $(LAB_ARGS) notebooks/00_start_here.ipynb
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -83,8 +90,8 @@ test-matrix: setup  ## every notebook at every WORLD_SIZE from 1 to 6 it support
 robust: setup  ## one core kept busy: the notebook suite, then each timing-sensitive notebook 5 times (long)
 	$(BIN)/python tests/robustness.py $(ROBUST_ARGS)
 
-strip:  ## remove outputs from every notebook before committing
-	$(BIN)/jupyter nbconvert --clear-output --inplace notebooks/*.ipynb labs/*.ipynb
+strip:  ## remove outputs from every notebook (what git's nbstripout filter does on `git add`); adds missing cell ids
+	$(BIN)/python -m nbstripout --keep-id notebooks/*.ipynb labs/*.ipynb
 
 clean:
 	rm -rf build .pytest_cache
@@ -109,3 +116,22 @@ $(FW_STAMP): $(STAMP) pyproject.toml
 
 test-frameworks: frameworks  ## notebook 13 at its suite_world_sizes (2) and its unit tests
 	$(BIN)/python -m pytest tests/test_frameworks.py tests/test_notebooks.py -k "frameworks or 13_" $(PYTEST_ARGS)
+
+# Prints the `browser` extra of pyproject.toml (the Playwright pin), for `make browser-test`.
+define BROWSER_PINS
+import tomllib
+print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["browser"])
+endef
+export BROWSER_PINS
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+EXECUTED ?=
+
+.PHONY: site browser-test
+site: setup  ## the course as a static site in build/site/ from the executed notebooks (EXECUTED=dir: prefer those)
+	$(BIN)/python website/build.py $(if $(EXECUTED),--executed $(EXECUTED))
+
+browser-test: setup  ## JupyterLab in headless Chromium: lesson 00's %%ranks and the two widgets; screenshots in build/browser/
+	@command -v chromium >/dev/null || { echo "installing Debian's chromium (apt-get; Playwright downloads no browser)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
+	$(BIN)/python -m pip install --quiet $$($(BIN)/python -c "$$BROWSER_PINS")
+	$(BIN)/python -m pytest tests/browser -v -rs -p no:cacheprovider $(PYTEST_ARGS)

@@ -45,7 +45,8 @@ class LaunchPlan:
         line = (f"[launch] {self.world_size} rank{'s' if self.world_size > 1 else ''} · {self.backend} on {where} · "
                 f"{self.threads_per_rank} torch thread(s) per rank on {self.cpu_cores} core(s)")
         if self.device == "cpu" and self.world_size > self.cpu_cores:
-            line += (f" · oversubscribed: {self.world_size} ranks share {self.cpu_cores} cores, "
+            # on a line of its own: JupyterLab wraps a long output line anywhere, mid-word too
+            line += (f"\n[launch] oversubscribed: {self.world_size} ranks share {self.cpu_cores} cores, "
                      f"so results are right and timings pessimistic")
         return line + (f"\n[launch] {self.note}" if self.note else "")
 
