@@ -165,12 +165,7 @@ def test_git_strips_notebook_outputs_with_nbstripout():
     assert "nbstripout --install --attributes .gitattributes" in makefile, "`make setup` installs the git filter"
 
 
-# Kept by the integrator, normalised by `make strip` when it merges (missing cell ids, key order).
-NORMALISED_LATER = {"09_3d_parallelism.ipynb", "09_plan_3d_lab.ipynb"}
-
-
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(reason="run `make strip` once", strict=False))
-                                  if p.name in NORMALISED_LATER else p for p in NOTEBOOKS], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_nbstripout_leaves_stored_notebooks_as_they_are(path):
     """git's filter must give back a stored notebook byte for byte, or every notebook shows as modified; a cell
     without an id would get a new random one on every `git add`. `make strip` writes notebooks in that form."""
