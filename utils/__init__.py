@@ -19,7 +19,8 @@ Each module holds one idea and names the notebook that derives it:
 - ``utils.adam``: Adam's update rule written out, ``adam_update`` (lesson 03, lab 03 and its checker).
 - ``utils.checkers``: the labs' checkers, one module per lab named like ``labs/solutions/``: ``common``
   (``LabCheckFailed``, ``CheckResult``, ``fail``, tolerances), ``halving_doubling`` (lab 01), ``ddp``
-  (lab 02), ``zero`` (lab 03), ``tensor_parallel`` (lab 05), ``pipeline_schedule`` (lab 06).
+  (lab 02), ``zero`` (lab 03), ``tensor_parallel`` (lab 05), ``pipeline_schedule`` (lab 06), ``plan_3d`` (lab 09),
+  ``hang_debugging`` (lab 11).
 - ``utils.tensor_parallel``: which tensor-parallel degrees fit a model, ``check_tp_degree`` (notebook 05).
 - ``utils.pipeline``: pipeline schedules as op lists (GPipe, 1F1B, interleaved), their simulator, the
   bubble formula and the plan checks (notebook 06).
@@ -29,9 +30,23 @@ Each module holds one idea and names the notebook that derives it:
   dimension (``MeshCommLedger``), the bytes of local shards (notebook 09, lab 09).
 - ``utils.parallelize3d``: lesson 09's tiny Llama split into pipeline stages, tensor-parallel and
   FSDP2-sharded on a mesh, trained, and its one-process reference (notebook 09, lab 09).
-- ``utils.planner``: memory per rank, bytes per mesh dimension, bubble, step time and MFU of a 3-D plan,
+- ``utils.planner`` (``shapes``, ``costs``, ``estimate``): memory per rank, bytes per mesh dimension, bubble, step time and MFU of a 3-D plan,
   validated against lesson 09's measurements and published figures; ``best_plans`` (notebook 09, lab 09).
 - ``utils.planner_widget``: ipywidgets controls for the planner (notebook 09).
+- ``utils.memory_widget``: the ZeRO memory calculator's controls around lesson 03's text function (notebook 03).
+- ``utils.pipeline_widget``: the pipeline schedule explorer's controls around lesson 06's figure function (notebook 06).
+- ``utils.lesson_training``: the training loops of lessons 02 (DDP), 04 (FSDP2) and 06 (pipeline) as functions their
+  ``torchrun`` scripts call, and their one-process ``reference_losses`` (notebooks 02, 04, 06, 10).
+- ``utils.torchrun``: a lesson script under ``torchrun`` from a notebook: one agent or two as two nodes, a timeout that
+  kills the whole process group, losses read back bitwise (``LOSSES_HEX``); ``init_from_env`` for the scripts (notebook 10).
+- ``utils.fx_cost``: a cost model read off a ``torch.fx`` graph (FLOPs, parameter, output and saved-activation
+  bytes per node), the balanced pipeline split it gives, stages cut with ``split_module`` and timed in CPU seconds
+  (notebook 12).
+- ``utils.fx_passes``: Megatron's ``f`` and ``g``, and tensor parallelism of every MLP as a rewrite of a traced graph
+  (notebook 12).
+- ``utils.tf_toynet``: ``TFToyNet``, the course model in TensorFlow built from a torch ``state_dict``, and ``dp_step``,
+  one data-parallel step for any ``tf.distribute`` strategy; imports TensorFlow only when called (notebook 13,
+  optional ``[frameworks]`` extra).
 - ``utils.deepspeed_cpu``: DeepSpeed set up in one call, ``import_deepspeed(WORLD_SIZE)``, with no C++ op
   compiled and its slow imports done once in the kernel (notebook 07).
 - ``utils.ds_schema``: what the installed DeepSpeed accepts in its config, learned from DeepSpeed (notebook 07).
