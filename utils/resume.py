@@ -184,9 +184,13 @@ def train(steps, ckpt_root=None, ckpt_every=0, lr=3e-3, seed=0, resume="latest",
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            total = loss.detach().clone()
-            dist.all_reduce(total)  # the global mean loss, for the log
-            value = (total / world).item()
+            # The global mean loss, for the log: gathered, then added in rank order. An all_reduce would do,
+            # but with more than 2 ranks its order of additions can change from one call to the next
+            # (measured: a resumed run, whose process group has seen other collectives before, logged
+            # other last bits for 2 of 12 steps, its weights bitwise the same).
+            every = [torch.empty_like(loss) for _ in range(world)]
+            dist.all_gather(every, loss.detach())
+            value = torch.stack(every).mean().item()
             losses.append(float(value).hex())
             if log:
                 log.write(json.dumps({"attempt": attempt, "step": step, "loss": losses[-1]}) + "\n")

@@ -35,8 +35,7 @@ def join_process_group(prefix_per_generation=True, timeout_s=60):
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                           is_master=(rank == 0 and not agent_store), timeout=datetime.timedelta(seconds=timeout_s))
     generation = store_generation(store, world)
-    if int(os.environ.get("LOCAL_RANK", rank)) == 0:
-        print(f"joining as generation {generation}", flush=True)
+    print(f"rank {rank} joining as generation {generation}", flush=True)  # every rank: the first to fail may be any
     if prefix_per_generation:
         store = dist.PrefixStore(f"generation{generation}", store)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
