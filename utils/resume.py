@@ -135,6 +135,20 @@ def _load(path, model, optimizer, restore_rng, restore_data):
     return step, epoch, batch, restore_rng and has_rng
 
 
+def _settle_ddp_buckets(model, x):
+    """One throw-away backward, so that every attempt trains its first step with DDP's final buckets.
+
+    DDP lays its gradient buckets out anew after its first backward (in the order the gradients
+    arrived). With more than 2 ranks the layout decides in which order each gradient's copies are
+    added (gloo's ring starts each chunk at another rank), so a run resumed from a checkpoint would
+    train its first step with another layout, and other last bits, than the uninterrupted run had
+    at that step (measured at 4 ranks). In eval mode: no dropout, no random numbers drawn."""
+    model.eval()
+    model(x[:1]).sum().mul(0).backward()
+    model.train()
+    model.zero_grad(set_to_none=True)
+
+
 def train(steps, ckpt_root=None, ckpt_every=0, lr=3e-3, seed=0, resume="latest", restore_rng=True,
           restore_data=True, kill_rank=None, kill_step=None, log_path=None, attempt=0):
     """Train ``steps`` AdamW steps with DDP on the default process group; return the losses (``float.hex``).
@@ -171,6 +185,7 @@ def train(steps, ckpt_root=None, ckpt_every=0, lr=3e-3, seed=0, resume="latest",
         path = Path(ckpt_root) / f"step_{resume:05d}"
     if path is not None:
         start, epoch, batch, rng_restored = _load(path, model, optimizer, restore_rng, restore_data)
+    _settle_ddp_buckets(model, x)
     log = open(log_path, "a") if (log_path and rank == 0) else None
     losses = []
     try:
@@ -180,17 +195,18 @@ def train(steps, ckpt_root=None, ckpt_every=0, lr=3e-3, seed=0, resume="latest",
             sampler.set_epoch(epoch)  # the shuffle of this epoch
             order = list(sampler)
             idx = order[batch * per_rank:(batch + 1) * per_rank]
-            loss = F.cross_entropy(model(x[idx]), y[idx])  # this rank's mean; DDP averages the gradients
+            per_sample = F.cross_entropy(model(x[idx]), y[idx], reduction="none")  # (GLOBAL_BATCH/world,)
+            loss = per_sample.mean()  # this rank's mean; DDP averages the gradients
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            # The global mean loss, for the log: gathered, then added in rank order. An all_reduce would do,
-            # but with more than 2 ranks its order of additions can change from one call to the next
-            # (measured: a resumed run, whose process group has seen other collectives before, logged
-            # other last bits for 2 of 12 steps, its weights bitwise the same).
-            every = [torch.empty_like(loss) for _ in range(world)]
-            dist.all_gather(every, loss.detach())
-            value = torch.stack(every).mean().item()
+            # The global mean loss, for the log, added in a fixed order: per-sample losses one by one in
+            # Python, then the ranks' sums in rank order, so that the number does not depend on how a
+            # vectorised sum or an all-reduce happens to split its additions.
+            mine = torch.tensor([sum(per_sample.tolist())], dtype=torch.float64)
+            every = [torch.empty_like(mine) for _ in range(world)]
+            dist.all_gather(every, mine)
+            value = sum(t.item() for t in every) / GLOBAL_BATCH
             losses.append(float(value).hex())
             if log:
                 log.write(json.dumps({"attempt": attempt, "step": step, "loss": losses[-1]}) + "\n")
