@@ -20,6 +20,7 @@ counted by the store itself (``utils.resume.store_generation``), not taken from
 import argparse
 import datetime
 import os
+import time
 import sys
 
 import torch.distributed as dist
@@ -28,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from utils.resume import store_generation, train  # noqa: E402
 
 
-def join_process_group(prefix_per_generation=True, timeout_s=60):
+def join_process_group(prefix_per_generation=True, stagger_s=0.0, timeout_s=60):
     """The default process group over gloo, on the store torchrun gives us; returns the generation."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun's agent hosts the store
@@ -36,6 +37,8 @@ def join_process_group(prefix_per_generation=True, timeout_s=60):
                           is_master=(rank == 0 and not agent_store), timeout=datetime.timedelta(seconds=timeout_s))
     generation = store_generation(store, world)
     print(f"rank {rank} joining as generation {generation}", flush=True)  # every rank: the first to fail may be any
+    if generation > 0:
+        time.sleep((world - 1 - rank) * stagger_s)  # restarted workers rarely start at the same moment; rank 0 last here
     if prefix_per_generation:
         store = dist.PrefixStore(f"generation{generation}", store)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
@@ -54,8 +57,10 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-generation-prefix", action="store_true",
                    help="join the process group on the bare agent store (shows the restart trap)")
+    p.add_argument("--stagger", type=float, default=0.0,
+                   help="after a restart, rank r waits (world_size - 1 - r) times this many seconds before joining")
     a = p.parse_args()
-    generation = join_process_group(prefix_per_generation=not a.no_generation_prefix)
+    generation = join_process_group(prefix_per_generation=not a.no_generation_prefix, stagger_s=a.stagger)
     rank, world = dist.get_rank(), dist.get_world_size()
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if int(os.environ.get("LOCAL_RANK", rank)) == 0:  # one line per agent
