@@ -39,6 +39,9 @@ Each module holds one idea and names the notebook that derives it:
   ``torchrun`` scripts call, and their one-process ``reference_losses`` (notebooks 02, 04, 06, 10).
 - ``utils.torchrun``: a lesson script under ``torchrun`` from a notebook: one agent or two as two nodes, a timeout that
   kills the whole process group, losses read back bitwise (``LOSSES_HEX``); ``init_from_env`` for the scripts (notebook 10).
+- ``utils.resume``: lesson 11's training run that checkpoints model, optimizer, each rank's RNG and the data
+  position with DCP and resumes bit for bit (``train``), the restart generation counted by the store
+  (``store_generation``), the attempts' losses joined (``join_losses``) (notebook 11 and its script).
 - ``utils.fx_cost``: a cost model read off a ``torch.fx`` graph (FLOPs, parameter, output and saved-activation
   bytes per node), the balanced pipeline split it gives, stages cut with ``split_module`` and timed in CPU seconds
   (notebook 12).
