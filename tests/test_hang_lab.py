@@ -72,7 +72,7 @@ def counts_before_the_sum(data):  # program B with minlength, but it returns thi
 
 
 def ddp_still_on_the_wrong_device(data):  # program E with the model moved, but device_ids still [rank]
-    rank, n = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1).to(rank_device())
     DDP(model, device_ids=[rank])
@@ -92,7 +92,7 @@ def train_alone(data):  # program F without DDP: no hang, but each rank trains a
 
 
 def one_step_only(data):  # program F "fixed" by training one step on every rank: no hang, work skipped
-    rank, n = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     ddp = DDP(model)

@@ -1,7 +1,8 @@
 """The lesson scripts under torchrun, and ``utils.torchrun``'s launcher: losses, errors, timeouts.
 
-Each script runs with 2 processes on gloo and must reproduce the one-process reference (the lessons check
-them against their own cells too). These tests start torchrun, so each takes seconds to a minute on a loaded CPU.
+That each script reproduces its lesson is checked where the lesson is: lessons 02, 04, 05 and 06 run their
+script under torchrun against their own cells, lesson 10 runs the capstone's (09) against one process. Here:
+the launcher's errors, timeouts and command lines. The tests that start torchrun take seconds each.
 """
 
 import os
@@ -11,24 +12,11 @@ import time
 import pytest
 import torch
 
-from utils import lesson_training, parallelize3d
+from utils import lesson_training
 from utils.torchrun import TorchrunFailed, launch, parse_losses, print_losses, run_script, torchrun_command
 
 TOL = dict(rtol=1e-5, atol=1e-5)  # float32 sums in another order than one process's
 STEPS = 3
-
-
-@pytest.mark.parametrize("script, args, reference", [
-    ("02_ddp_train.py", [], lambda: lesson_training.reference_losses(STEPS, 240, "sgd", 0.5)),
-    ("04_fsdp_train.py", ["--hidden", 128], lambda: lesson_training.reference_losses(STEPS, 120, "adam", 1e-3, 128, False)),
-    ("06_pipeline_train.py", [], lambda: lesson_training.reference_losses(STEPS, 32, "sgd", 0.5, ordered=False)),
-    ("05_tp_train.py", [], lambda: parallelize3d.reference(STEPS)[0]),
-    ("09_3d_train.py", ["--pp", 2], lambda: parallelize3d.reference(STEPS)[0]),
-])
-def test_script_matches_one_process(script, args, reference):
-    losses, seconds, out = run_script(script, ["--steps", STEPS, "--backend", "gloo", *args], nproc=2, timeout=400)
-    print(f"{script}: {seconds:.1f} s")
-    torch.testing.assert_close(losses, reference(), **TOL)
 
 
 def test_a_bad_mesh_fails_with_the_numbers():

@@ -16,7 +16,6 @@ program on two counts:
 """
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..ledger import CommLedger

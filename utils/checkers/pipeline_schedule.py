@@ -23,7 +23,6 @@ GPipe, too little warm-up) gives the right gradients and is rejected by what it 
    ``ScheduleInterleaved1F1B`` computes for the same p, m and v, op for op.
 """
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
