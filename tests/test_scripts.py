@@ -25,10 +25,12 @@ def test_a_bad_mesh_fails_with_the_numbers():
 
 
 def test_timeout_kills_the_whole_process_group(tmp_path):
-    """An agent that hangs, with a child of its own: both must be dead when launch raises."""
+    """An agent that hangs, with a child in a session of its own (as torchrun starts its workers): both must be
+    dead when launch raises, and launch must not wait for the child, which holds the agent's stdout."""
     pid_file = tmp_path / "child.pid"
     hang = [sys.executable, "-c", "import subprocess, sys, time; "
-            f"p = subprocess.Popen(['sleep', '300']); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(300)"]
+            "p = subprocess.Popen(['sleep', '300'], start_new_session=True); "
+            f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(300)"]
     start = time.monotonic()
     with pytest.raises(TorchrunFailed, match="timed out after 3 s"):
         launch([hang], timeout=3)

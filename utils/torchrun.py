@@ -114,10 +114,24 @@ def _errors(outputs):
 
 
 def _kill(procs):
+    """Kill each agent and everything under it. torchrun starts each worker in a session of its own
+    (``start_new_session=True``), so killing the agent's process group alone would leave the workers
+    running, holding the agent's stdout open: ``communicate()`` would then wait for them forever."""
+    import psutil
+
     for proc in procs:
         if proc.poll() is None:
             try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the agent is its group's leader: the workers go too
+                family = psutil.Process(proc.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                family = []
+            for p in family:  # the workers (and theirs), whatever session they are in
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the agent leads its own group
             except ProcessLookupError:
                 pass
 
