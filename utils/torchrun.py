@@ -4,8 +4,8 @@ Notebook 10 (``notebooks/10_torchrun_and_slurm.ipynb``) derives it; lessons 02, 
 scripts. Three rules a notebook must keep when it starts ``torchrun``:
 
 - ``sys.executable -m torch.distributed.run``: the kernel's own Python and torch, whatever ``torchrun`` is on PATH;
-- a timeout on every launch, and on timeout kill the agent's whole *process group* (the agent and every worker
-  it started: killing only the agent leaves its workers holding their ports), then say what each printed;
+- a timeout on every launch, and on timeout kill the agent and every process under it (killing only the agent
+  leaves its workers holding their ports and its output pipe), then say what each printed;
 - every script prints its per-step losses on rank 0 as one line ``LOSSES_HEX [...]`` of ``float.hex`` strings,
   so the notebook reads back the exact floats and can compare them bitwise.
 """
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 __all__ = ["ROOT", "SCRIPTS", "init_from_env", "free_port", "torchrun_command", "launch", "run_script", "run_two_agents",
-           "parse_losses", "print_losses", "TorchrunFailed"]
+           "parse_losses", "print_losses", "finish", "TorchrunFailed"]
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 SCRIPTS = ROOT / "notebooks" / "scripts"
@@ -48,6 +48,25 @@ def init_from_env(backend="auto"):
         print(f"{dist.get_world_size()} processes on {os.environ.get('GROUP_WORLD_SIZE', '1')} node(s), backend "
               f"{backend}, torch {torch.__version__}", flush=True)
     return backend
+
+
+def finish(code=0):
+    """The last line of a script under torchrun: destroy the process group, flush, and leave at once.
+
+    Why not simply return: ``destroy_process_group`` stops gloo's worker threads only when nothing else holds
+    the group, and a DeviceMesh (FSDP2, DTensor, pipelining) is kept alive by torch's own caches. The threads
+    then outlive ``main()``; if one drops its last reference to a tensor while Python is shutting down, it
+    needs the interpreter lock that no longer exists and the process aborts with SIGABRT ("terminate called
+    without an active exception") after printing correct results. On 2 cores that was 1 run in 3 at 3 ranks
+    (lesson 04's script), and torchrun reports it as a failed rank. ``os._exit`` skips that teardown; it is
+    also how every ``multiprocessing`` child, and every rank of the course's notebook launcher, ends."""
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.barrier()  # nobody tears the group down while a peer still talks to it
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def free_port():

@@ -80,6 +80,7 @@ def main():
     from utils.deepspeed_cpu import avoid_op_builds, built_ops
     from utils.ds_config import check_config, report
     from utils.models import ToyNet
+    from utils.torchrun import finish
 
     avoid_op_builds()
     deepspeed.init_distributed()  # wraps the existing process group
@@ -123,14 +124,7 @@ def main():
         print(json.dumps({"world_size": world, "stage": args.stage, "dtype": args.dtype, "losses": losses,
                           "init_s": round(init_s, 2), "device": str(engine.device),
                           "ops_built": built_ops(os.environ.get("TORCH_EXTENSIONS_DIR", ""))}), flush=True)
-    dist.barrier()  # nobody tears down the group while another rank still talks
-    dist.destroy_process_group()
-    # Skip the interpreter's own teardown: the compiler threads that DeepSpeed's imports start
-    # (torch._dynamo / inductor) occasionally abort a process at exit ("terminate called without
-    # an active exception": 2 runs in ~20 on 2 cores), which torchrun reports as a failed rank.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    finish()  # destroy the group and exit without the interpreter's teardown (utils.torchrun.finish says why)
 
 
 if __name__ == "__main__":

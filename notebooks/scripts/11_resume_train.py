@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the course's utils/
 from utils.resume import store_generation, train  # noqa: E402
+from utils.torchrun import finish  # noqa: E402
 
 
 def join_process_group(prefix_per_generation=True, stagger_s=0.0, timeout_s=60):
@@ -70,7 +71,7 @@ def main():
     if rank == 0:
         print(f"generation {generation} ran {len(losses)} steps, last loss {float.fromhex(losses[-1]):.6f}"
               if losses else f"generation {generation}: nothing left to do", flush=True)
-    dist.destroy_process_group()
+    finish()  # destroy the group and exit without the interpreter's teardown (utils.torchrun.finish says why)
 
 
 if __name__ == "__main__":
