@@ -1,11 +1,13 @@
-"""The training loops of lessons 02, 04 and 06, as functions a ``torchrun`` script and a notebook both call.
+"""What lessons 02, 04 and 06 and their ``torchrun`` scripts share: one definition, imported by both.
 
 Lesson 02 (``notebooks/02_data_parallelism.ipynb``) derives torch DDP with a Python all-reduce hook, lesson 04
 FSDP2 on the course model, lesson 06 the course model cut into pipeline stages by ``torch.distributed.pipelining``.
-Each lesson trains in its own cells; its script in ``notebooks/scripts/`` runs the same loop from here, with
-the same model (``utils.ToyNet``), data order, batch split and optimizer, so lesson 10 and the lessons
-themselves can check that ``torchrun`` reproduces the notebook's losses. Lesson 05's and 09's scripts train
-``utils.parallelize3d``'s tiny Llama instead.
+Each lesson imports from here its model (``make_model``), its data order (``batch``) and the piece its technique
+adds (02: ``allreduce_hook``; 04: ``utils.lightning_toy.shard_with_fsdp2``; 06: ``traced_stage``), and writes
+its training loop in its own cells, where it also measures bytes and memory. Its script in
+``notebooks/scripts/`` runs the bare loop below (``ddp_losses``, ``fsdp_losses``, ``pipeline_losses``) with the
+same pieces, so the lesson can check that ``torchrun`` reproduces the losses of its own cells. Lesson 05's and
+09's scripts train ``utils.parallelize3d``'s tiny Llama instead.
 
 Every ``*_losses`` function runs on one rank of an initialised process group and returns the per-step
 *global* losses (the mean over ranks of each rank's mean loss), the same list on every rank.
@@ -21,8 +23,8 @@ from .lightning_toy import digits_in_order
 from .models import ToyNet
 
 __all__ = ["DDP_BATCH", "DDP_LR", "FSDP_BATCH", "FSDP_LR", "PIPE_BATCH", "PIPE_LR", "SPLIT_NAMES", "batch",
-           "make_model", "make_optimizer", "reference_losses", "ddp_losses", "fsdp_losses", "pipeline_losses",
-           "allreduce_hook"]
+           "digits_in_order", "make_model", "make_optimizer", "reference_losses", "ddp_losses", "fsdp_losses",
+           "pipeline_losses", "allreduce_hook", "traced_stage"]
 
 DDP_BATCH, DDP_LR = 240, 0.5  # lesson 02: global batch, plain SGD learning rate
 FSDP_BATCH, FSDP_LR = 120, 1e-3  # lesson 04: global batch, Adam learning rate
@@ -30,7 +32,7 @@ PIPE_BATCH, PIPE_LR = 32, 0.5  # lesson 06: the batch of its pipeline checks; SG
 SPLIT_NAMES = ["embed", "mix1", "mix2", "head"]  # the ToyNet submodule where each of its 4 layers begins
 
 
-def make_model(hidden=64, seed=0):
+def make_model(seed=0, hidden=64):
     """The course model, seeded: every rank builds the same one (DDP and FSDP broadcast or shard it anyway)."""
     torch.manual_seed(seed)  # ToyNet's frozen input_scale and buffer input_shift are random too
     return ToyNet(hidden=hidden)
@@ -60,7 +62,7 @@ def _digits():
 
 def reference_losses(steps, size, optimizer, lr, hidden=64, ordered=True):
     """One process, the whole global batch: the losses every split run must reproduce."""
-    model = make_model(hidden)
+    model = make_model(hidden=hidden)
     opt = make_optimizer(model.parameters(), optimizer, lr)
     losses = []
     for step in range(steps):
@@ -81,8 +83,11 @@ def _global_mean(loss):
 
 
 def allreduce_hook(state, bucket):
-    """Lesson 02's DDP communication hook: pre-divide the flat bucket, then sum it over ranks = the mean."""
-    flat = bucket.buffer().div_(dist.get_world_size())
+    """Lesson 02's DDP communication hook: torch's default all-reduce, written in Python so the ledger sees it.
+
+    DDP calls it once per bucket during backward; ``bucket.buffer()`` is a flat tensor of several gradients,
+    and the hook returns a Future of the reduced tensor."""
+    flat = bucket.buffer().div_(dist.get_world_size())  # pre-divide, then sum = mean
     return dist.all_reduce(flat, async_op=True).get_future().then(lambda fut: fut.value()[0])
 
 
@@ -114,7 +119,7 @@ def fsdp_losses(steps, hidden=512, size=FSDP_BATCH, lr=FSDP_LR):
     rank, n, device = dist.get_rank(), dist.get_world_size(), rank_device()
     if size % n:
         raise ValueError(f"a global batch of {size} does not split into {n} equal shards; use a multiple of {n}")
-    model = make_model(hidden).to(device)
+    model = make_model(hidden=hidden).to(device)
     shard_with_fsdp2(model, init_device_mesh(device.type, (n,)))  # in place: embed, [mix1, mix2], head, root
     opt = make_optimizer(model.parameters(), "adam", lr)  # sees DTensors: its state is sharded too
     losses = []
@@ -128,6 +133,20 @@ def fsdp_losses(steps, hidden=512, size=FSDP_BATCH, lr=FSDP_LR):
     return losses
 
 
+def traced_stage(net, microbatch, rank, p, device):
+    """Rank ``rank``'s stage of the course model traced by ``torch.distributed.pipelining`` and cut into ``p``.
+
+    The cuts fall at layer boundaries, as evenly as ``utils.pipeline.split_layers`` plans them (it raises for
+    more stages than the 4 layers): a ``SplitPoint.BEGINNING`` before the first layer of every stage but the
+    first. ``microbatch`` is an example input of one micro-batch, which the tracer runs once."""
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    from .pipeline import split_layers
+    plan = split_layers(len(SPLIT_NAMES), p)  # [(first layer, end), ...] per stage
+    spec = {SPLIT_NAMES[first]: SplitPoint.BEGINNING for first, _ in plan[1:]}
+    return pipeline(net, mb_args=(microbatch,), split_spec=spec).build_stage(rank, device)
+
+
 def pipeline_losses(steps, microbatches=4, size=PIPE_BATCH, lr=PIPE_LR):
     """Lesson 06's real tool: ToyNet traced and split into p stages at its layer boundaries, GPipe schedule, SGD.
 
@@ -136,16 +155,12 @@ def pipeline_losses(steps, microbatches=4, size=PIPE_BATCH, lr=PIPE_LR):
     holder then takes the same step. Returns the batch losses (the mean of the micro-batch means)."""
     import warnings
 
-    from torch.distributed.pipelining import ScheduleGPipe, SplitPoint, pipeline
-
-    from .pipeline import split_layers
+    from torch.distributed.pipelining import ScheduleGPipe
     warnings.filterwarnings("ignore", category=FutureWarning)  # the tracer's pytree deprecation notices
     rank, p, device = dist.get_rank(), dist.get_world_size(), rank_device()
-    plan = split_layers(len(SPLIT_NAMES), p)  # raises for more stages than layers, with the numbers
     net = make_model().to(device)
     x0, _ = batch(0, size, ordered=False)
-    spec = {SPLIT_NAMES[a]: SplitPoint.BEGINNING for a, _ in plan[1:]}
-    stage = pipeline(net, mb_args=(x0.to(device).chunk(microbatches)[0],), split_spec=spec).build_stage(rank, device)
+    stage = traced_stage(net, x0.to(device).chunk(microbatches)[0], rank, p, device)
     module = stage.submod
     schedule = ScheduleGPipe(stage, n_microbatches=microbatches, loss_fn=F.cross_entropy)
     opt = make_optimizer([q for q in module.parameters() if q.requires_grad], "sgd", lr)
