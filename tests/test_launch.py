@@ -207,6 +207,15 @@ def test_ranks_see_the_callers_folder_path_and_environment_of_now(tmp_path, monk
     assert run_ranks(look, world_size=2, verbose=False) == [(str(tmp_path), "42", 7)] * 2
 
 
+def test_torch_distributed_debug_set_after_the_server_started_reaches_the_ranks(monkeypatch):
+    rank_server()  # torch, imported by the server before the change below, read the variable then
+    debug_level = lambda: str(dist.get_debug_level())  # noqa: E731
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    assert run_ranks(debug_level, world_size=2, verbose=False) == [str(dist.DebugLevel.DETAIL)] * 2
+    monkeypatch.delenv("TORCH_DISTRIBUTED_DEBUG")
+    assert run_ranks(debug_level, world_size=2, verbose=False) == [str(dist.DebugLevel.OFF)] * 2
+
+
 def test_the_server_imports_what_the_caller_imported_so_ranks_need_not():
     import torch.distributed.pipelining  # noqa: F401 - a heavy module, now imported by the caller
 

@@ -13,6 +13,7 @@ OpenMP, so the rank may use all three. It does, in order:
    environment variables, and the source lines of the notebook's cells (for tracebacks); then
    unpickles the function and its arguments (they travelled by value, with cloudpickle);
 4. sets what torchrun would set (``RANK``, ``WORLD_SIZE``...), its torch thread count and its GPU,
+   reads ``TORCH_DISTRIBUTED_DEBUG`` again (the kernel may have set it after the server imported torch),
    joins the default process group through a ``FileStore`` and waits at a barrier for every peer;
 5. calls the function and sends back ``("ok", value)`` with tensors moved to the CPU, or
    ``("error", report)`` with the traceback, which ``errors.py`` turns into ``RankError``.
@@ -65,6 +66,9 @@ def rank_main(setup, payload, result_fd, out_fd, err_fd):
         if setup["device"] == "cuda":
             torch.cuda.set_device(rank)
         if setup["process_group"]:
+            # torch read TORCH_DISTRIBUTED_DEBUG once, when the server imported it: read it again, so that
+            # the kernel's value of now (e.g. DETAIL, which checks every collective's shapes) applies.
+            dist.set_debug_level_from_env()
             # The gloo/NCCL timeout is longer than the launcher's, so a hang is reported by the
             # launcher, with stacks, rather than as an opaque backend error.
             store = dist.FileStore(setup["store"], world_size)
