@@ -24,7 +24,7 @@ from .models import ToyNet
 
 __all__ = ["DDP_BATCH", "DDP_LR", "FSDP_BATCH", "FSDP_LR", "PIPE_BATCH", "PIPE_LR", "SPLIT_NAMES", "batch",
            "digits_in_order", "make_model", "make_optimizer", "reference_losses", "ddp_losses", "fsdp_losses",
-           "pipeline_losses", "allreduce_hook", "traced_stage"]
+           "pipeline_losses", "allreduce_hook", "traced_stage", "say_step"]
 
 DDP_BATCH, DDP_LR = 240, 0.5  # lesson 02: global batch, plain SGD learning rate
 FSDP_BATCH, FSDP_LR = 120, 1e-3  # lesson 04: global batch, Adam learning rate
@@ -75,6 +75,12 @@ def reference_losses(steps, size, optimizer, lr, hidden=64, ordered=True):
     return losses
 
 
+def say_step(step, steps, loss):
+    """Rank 0's progress line after each step, which ``utils.torchrun.launch`` shows in the notebook as it comes."""
+    if dist.get_rank() == 0:
+        print(f"step {step + 1}/{steps}: loss {loss:.6f}", flush=True)
+
+
 def _global_mean(loss):
     """The mean over ranks of each rank's mean loss: the global mean loss when the shards are equal."""
     total = loss.detach().clone()
@@ -108,6 +114,7 @@ def ddp_losses(steps, size=DDP_BATCH, optimizer="sgd", lr=DDP_LR):
         loss.backward()  # the hook all-reduces every bucket in here
         opt.step()
         losses.append(_global_mean(loss))
+        say_step(step, steps, losses[-1])
     return losses
 
 
@@ -130,6 +137,7 @@ def fsdp_losses(steps, hidden=512, size=FSDP_BATCH, lr=FSDP_LR):
         loss.backward()  # reduce-scatter: each rank gets the mean gradient of its rows
         opt.step()
         losses.append(_global_mean(loss))
+        say_step(step, steps, losses[-1])
     return losses
 
 
@@ -179,5 +187,6 @@ def pipeline_losses(steps, microbatches=4, size=PIPE_BATCH, lr=PIPE_LR):
         loss = torch.stack(mb_losses).mean() if mb_losses else torch.zeros((), device=device)
         dist.broadcast(loss, src=p - 1)  # only the last stage computed it
         losses.append(loss.item())
+        say_step(step, steps, losses[-1])
     return losses
 

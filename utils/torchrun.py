@@ -7,16 +7,19 @@ scripts. Three rules a notebook must keep when it starts ``torchrun``:
 - a timeout on every launch, and on timeout kill the agent and every process under it (killing only the agent
   leaves its workers holding their ports and its output pipe), then say what each printed;
 - every script prints its per-step losses on rank 0 as one line ``LOSSES_HEX [...]`` of ``float.hex`` strings,
-  so the notebook reads back the exact floats and can compare them bitwise.
+  so the notebook reads back the exact floats and can compare them bitwise; and, as it trains, a line
+  ``step k/n ...`` per step, which ``launch`` shows in the notebook as it comes.
 """
 
 import json
 import os
+import queue
 import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -94,35 +97,69 @@ def _env(extra=None):
     return env
 
 
-def launch(commands, timeout, env=None):
+PROGRESS = re.compile(r"^step \d+/\d+")  # the progress lines rank 0 of a course script prints, one per step
+
+
+def launch(commands, timeout, env=None, progress=True):
     """Start every command at once, each in its own session; wait at most ``timeout`` seconds for all.
 
     Returns (stdouts, seconds). Raises ``TorchrunFailed`` when one fails or time runs out; then every
-    process group still alive is killed first, so that nothing is left holding a port or a CPU."""
+    process still alive is killed first, so that nothing is left holding a port or a CPU. ``progress``:
+    print each agent's progress lines (``step k/n ...``) as they come, so that a long launch shows it is
+    alive; with several agents each line starts with ``[agent i]``. A thread per agent reads its output
+    (a full pipe would stop the agent); this thread alone prints, so the lines land in the calling cell."""
     start = time.perf_counter()
     procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                               env=_env(env), start_new_session=True) for c in commands]
-    outputs, problem = [], None
+    lines, shown = [[] for _ in procs], queue.Queue()
+    readers = [threading.Thread(target=_read, args=(proc.stdout, lines[i], shown, i), daemon=True)
+               for i, proc in enumerate(procs)]
+    for reader in readers:
+        reader.start()
+    problem = None
+
+    def show(wait):
+        try:
+            i, line = shown.get(timeout=wait)
+        except queue.Empty:
+            return
+        if progress and PROGRESS.match(line):
+            print((f"[agent {i}] " if len(procs) > 1 else "") + line, end="", flush=True)
+
     try:
-        for proc in procs:
-            left = max(1.0, timeout - (time.perf_counter() - start))
-            try:
-                out, _ = proc.communicate(timeout=left)
-            except subprocess.TimeoutExpired:
-                problem = problem or f"timed out after {timeout} s"
-                _kill(procs)
-                out, _ = proc.communicate()
-            outputs.append(out)
-            if proc.returncode and problem is None:
-                problem = f"exit code {proc.returncode}"
+        while any(proc.poll() is None for proc in procs):
+            failed = [proc.returncode for proc in procs if proc.poll()]
+            if failed:  # one agent failed: the others would wait for it until their own timeouts
+                problem = f"exit code {failed[0]}"
+                break
+            if time.perf_counter() - start > timeout:
+                problem = f"timed out after {timeout} s"
+                break
+            show(0.2)
     finally:
         _kill(procs)
+    for reader in readers:
+        reader.join(timeout=30)  # the pipe ends when the agent and every worker are gone
+    while not shown.empty():
+        show(0)
+    for proc in procs:
+        proc.wait()
+        if proc.returncode and problem is None:
+            problem = f"exit code {proc.returncode}"
+    outputs = ["".join(out) for out in lines]
     seconds = time.perf_counter() - start
     if problem:
         tails = "\n".join(f"--- agent {i}: {' '.join(commands[i][3:])}\n" + "\n".join(o.splitlines()[-25:])
                           for i, o in enumerate(outputs))
         raise TorchrunFailed(f"torchrun {problem} ({seconds:.1f} s). {_errors(outputs)}The agents' last lines:\n{tails}")
     return outputs, seconds
+
+
+def _read(stream, into, shown, agent):
+    """Collect one agent's output line by line, and hand each line to ``launch`` for ``progress``."""
+    for line in stream:
+        into.append(line)
+        shown.put((agent, line))
 
 
 def _errors(outputs):
