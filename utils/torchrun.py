@@ -107,7 +107,7 @@ def launch(commands, timeout, env=None, progress=True):
     process still alive is killed first, so that nothing is left holding a port or a CPU. ``progress``:
     print each agent's progress lines (``step k/n ...``) as they come, so that a long launch shows it is
     alive; with several agents each line starts with ``[agent i]``. A thread per agent reads its output
-    (a full pipe would stop the agent); this thread alone prints, so the lines land in the calling cell."""
+    (a full pipe would stop the agent); only the calling thread prints, so the lines land in the calling cell."""
     start = time.perf_counter()
     procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                               env=_env(env), start_new_session=True) for c in commands]
