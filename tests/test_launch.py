@@ -282,3 +282,21 @@ def test_a_rank_returning_at_once_does_not_break_its_peers_connection():
     # to it (seen in 3 of 150 launches): rank 0 then failed with "Connection closed by peer".
     for _ in range(60):
         assert run_ranks(dist.get_rank, world_size=2, verbose=False, timeout=20) == [0, 1]
+
+
+def test_each_rank_is_told_a_typed_frozen_setup_with_the_plans_names():
+    """The kernel-to-rank contract is a frozen ``RankSetup`` beside ``LaunchPlan``, with the plan's own field names."""
+    import dataclasses
+
+    from utils.launch import RankSetup
+
+    plan = plan_launch(2, "gloo", threads_per_rank=1)
+    setup = RankSetup.for_rank(plan, 1, timeout=5.0, store="/tmp/store", process_group=True, cwd="/", sys_path=(),
+                               env={}, cell_sources={})
+    assert (setup.rank, setup.world_size, setup.backend, setup.threads_per_rank) == (1, 2, "gloo", 1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setup.rank = 0
+    # what a rank reads of it is exactly these fields: the values below come from inside the ranks
+    got = run_ranks(lambda: (torch.get_num_threads(), str(rank_device())), world_size=2, threads_per_rank=1,
+                    verbose=False)
+    assert got == [(1, "cpu"), (1, "cpu")]

@@ -6,11 +6,12 @@ A launch crosses three kinds of process, and each file here runs in one of them:
 file           runs in      does
 =============  ===========  ==============================================================
 ``plan.py``    the kernel   checks the arguments, picks backend, device and threads
+                            (``LaunchPlan``), and what each rank is told (``RankSetup``)
 ``kernel.py``  the kernel   ``run_ranks``: packs the function, asks the server for ranks,
                             prints their output, raises their errors, stops them
 ``server.py``  the server   a warm Python started once per kernel: imports torch, forks ranks
 ``rank.py``    each rank    becomes the kernel (folder, path, environment), joins the process
-                            group, runs the function, sends the result back
+                            group, runs the function, sends the result back; ``rank_device``
 ``errors.py``  the kernel   which rank failed first; where hung ranks were stuck
 ``magic.py``   the kernel   ``%%ranks N``: a cell's code as the function
 =============  ===========  ==============================================================
@@ -19,8 +20,9 @@ Read them in that order. What the package offers the rest of the course is liste
 """
 
 from .errors import RankError, RankTimeoutError
-from .kernel import DEFAULT_TIMEOUT, rank_device, rank_server, run_ranks
-from .plan import LaunchPlan, plan_launch
+from .kernel import DEFAULT_TIMEOUT, rank_server, run_ranks
+from .plan import LaunchPlan, RankSetup, plan_launch
+from .rank import rank_device
 
-__all__ = ["run_ranks", "rank_device", "plan_launch", "LaunchPlan", "RankError", "RankTimeoutError",
+__all__ = ["run_ranks", "rank_device", "plan_launch", "LaunchPlan", "RankSetup", "RankError", "RankTimeoutError",
            "DEFAULT_TIMEOUT", "rank_server"]

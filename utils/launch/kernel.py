@@ -39,11 +39,9 @@ import time
 from multiprocessing.connection import Connection, wait
 
 import cloudpickle
-import torch
-import torch.distributed as dist
 
 from .errors import RankError, RankOutcome, failure_error, timeout_error
-from .plan import plan_launch
+from .plan import RankSetup, plan_launch
 
 DEFAULT_TIMEOUT = 180.0  # seconds; pass timeout= for longer cells
 FAILURE_GRACE = 1.0  # seconds the other ranks get to report after the first failure
@@ -84,15 +82,16 @@ def run_ranks(fn, *args, world_size, timeout=DEFAULT_TIMEOUT, backend="auto", th
     server = rank_server()
     server.mirror_imports()
     rendezvous = tempfile.mkdtemp(prefix="run_ranks-")
-    setup = dict(world_size=world_size, backend=plan.backend, device=plan.device, threads=plan.threads_per_rank,
-                 timeout=timeout, store=os.path.join(rendezvous, "store"), process_group=process_group,
-                 cwd=os.getcwd(), sys_path=list(sys.path), env=dict(os.environ), cell_sources=_cell_sources())
+    same_on_every_rank = dict(timeout=timeout, store=os.path.join(rendezvous, "store"), process_group=process_group,
+                              cwd=os.getcwd(), sys_path=tuple(sys.path), env=dict(os.environ),
+                              cell_sources=_cell_sources())
     ranks = []
     try:
         for rank in range(world_size):
             pipes = [os.pipe() for _ in range(3)]  # result, stdout, stderr: (read, write)
             try:
-                pid = server.launch(dict(setup, rank=rank), payload, [w for _, w in pipes])
+                pid = server.launch(RankSetup.for_rank(plan, rank, **same_on_every_rank), payload,
+                                    [w for _, w in pipes])
             finally:
                 for _, w in pipes:
                     os.close(w)  # the kernel keeps only the read ends, so a dead rank reads as end-of-file
@@ -105,13 +104,6 @@ def run_ranks(fn, *args, world_size, timeout=DEFAULT_TIMEOUT, backend="auto", th
     finally:
         _stop(ranks, server)
         shutil.rmtree(rendezvous, ignore_errors=True)
-
-
-def rank_device() -> torch.device:
-    """The device this rank should put its tensors on: ``cuda:<local rank>`` under NCCL, else CPU."""
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _cell_sources():

@@ -20,7 +20,8 @@ import cloudpickle
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .kernel import DEFAULT_TIMEOUT, rank_device, run_ranks
+from .kernel import DEFAULT_TIMEOUT, run_ranks
+from .rank import rank_device
 
 
 def _run_cell_on_rank(code, filename, names_back, shipped):

@@ -51,6 +51,31 @@ class LaunchPlan:
         return line + (f"\n[launch] {self.note}" if self.note else "")
 
 
+@dataclasses.dataclass(frozen=True)
+class RankSetup:
+    """What one rank needs to know, sent from the kernel (``kernel.py``) through the server to the rank
+    (``rank.py``): the plan's choices, where to meet its peers, and the kernel's folder, path and environment."""
+
+    rank: int
+    world_size: int
+    backend: str  # "gloo" or "nccl", from the LaunchPlan
+    device: str  # "cpu" or "cuda", from the LaunchPlan
+    threads_per_rank: int  # torch intra-op threads, from the LaunchPlan
+    timeout: float  # the launcher's timeout in seconds; the process group's is a minute longer
+    store: str  # the FileStore's path, where the ranks meet
+    process_group: bool  # False: the function makes its own (Lightning's ddp_notebook)
+    cwd: str  # the kernel's working folder
+    sys_path: tuple  # the kernel's import path
+    env: dict  # the kernel's environment variables
+    cell_sources: dict  # notebook cell file name -> its source lines, for tracebacks
+
+    @classmethod
+    def for_rank(cls, plan: LaunchPlan, rank: int, **launch) -> "RankSetup":
+        """Rank ``rank`` of ``plan``; ``launch`` holds the fields that are the same on every rank."""
+        return cls(rank=rank, world_size=plan.world_size, backend=plan.backend, device=plan.device,
+                   threads_per_rank=plan.threads_per_rank, **launch)
+
+
 def default_threads(world_size: int, cores: int) -> int:
     """Torch threads per CPU rank: the cores shared out evenly, at least one.
 

@@ -40,9 +40,10 @@ import torch
 import torch.distributed as dist
 
 from .errors import looks_secondary
+from .plan import RankSetup
 
 
-def rank_main(setup, payload, result_fd, out_fd, err_fd):
+def rank_main(setup: RankSetup, payload, result_fd, out_fd, err_fd):
     """Entry point of every rank process (a child of the server). Never returns."""
     result = Connection(result_fd, readable=False)
     # Our output goes to the kernel's pipes, which prefix it with "[rank k]". Redirecting the file
@@ -55,25 +56,25 @@ def rank_main(setup, payload, result_fd, out_fd, err_fd):
     faulthandler.enable(file=sys.stderr)  # a segfault prints the Python stack
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)  # "where are you stuck?"
     die_with_parent()
-    rank, world_size = setup["rank"], setup["world_size"]
+    rank, world_size = setup.rank, setup.world_size
     try:
         _become_the_kernel(setup)
         # What torchrun would set, for libraries that look (the process group is created below).
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                           LOCAL_WORLD_SIZE=str(world_size))
         fn, args, kwargs = cloudpickle.loads(payload)
-        torch.set_num_threads(setup["threads"])
-        if setup["device"] == "cuda":
+        torch.set_num_threads(setup.threads_per_rank)
+        if setup.device == "cuda":
             torch.cuda.set_device(rank)
-        if setup["process_group"]:
+        if setup.process_group:
             # torch read TORCH_DISTRIBUTED_DEBUG once, when the server imported it: read it again, so that
             # the kernel's value of now (e.g. DETAIL, which checks every collective's shapes) applies.
             dist.set_debug_level_from_env()
             # The gloo/NCCL timeout is longer than the launcher's, so a hang is reported by the
             # launcher, with stacks, rather than as an opaque backend error.
-            store = dist.FileStore(setup["store"], world_size)
-            dist.init_process_group(setup["backend"], store=store, rank=rank, world_size=world_size,
-                                    timeout=timedelta(seconds=setup["timeout"] + 60))
+            store = dist.FileStore(setup.store, world_size)
+            dist.init_process_group(setup.backend, store=store, rank=rank, world_size=world_size,
+                                    timeout=timedelta(seconds=setup.timeout + 60))
             # init can return on one rank while another is still connecting to it; without this
             # barrier a rank whose fn returns at once can exit and break its peer's connection.
             dist.barrier()
@@ -98,11 +99,11 @@ def rank_main(setup, payload, result_fd, out_fd, err_fd):
 
 def _become_the_kernel(setup):
     """Same folder, import path, environment and cell sources as the kernel that launched us."""
-    os.chdir(setup["cwd"])
-    sys.path[:] = setup["sys_path"]
+    os.chdir(setup.cwd)
+    sys.path[:] = setup.sys_path
     os.environ.clear()
-    os.environ.update(setup["env"])
-    for filename, lines in setup["cell_sources"].items():  # so tracebacks show the notebook's lines
+    os.environ.update(setup.env)
+    for filename, lines in setup.cell_sources.items():  # so tracebacks show the notebook's lines
         linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
 
 
@@ -125,6 +126,13 @@ def _to_cpu(value):
     if type(value) is dict:
         return {k: _to_cpu(v) for k, v in value.items()}
     return value
+
+
+def rank_device() -> torch.device:
+    """Inside a rank: the device this rank should put its tensors on, ``cuda:<local rank>`` under NCCL, else CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def die_with_parent():
