@@ -66,3 +66,16 @@ def test_compile_check_and_partitions_refuse_bad_arguments():
         ds_partition_bytes(None, None, 4)
     a, b = torch.zeros(2), torch.zeros(3)
     assert ds_tensors([{"x": a}, (b, None)]) == [a, b]
+
+
+def test_saved_bytes_counts_each_storage_once_and_excludes():
+    from utils.activation_memory import saved_bytes
+
+    w = torch.randn(8, 8, requires_grad=True)
+    x = torch.randn(4, 8, requires_grad=True)  # both operands need grad: mm saves both
+    total, out = saved_bytes(lambda: torch.tanh(x @ w))  # mm saves x and w, tanh saves its output
+    assert out.shape == (4, 8) and total == (4 * 8 + 8 * 8 + 4 * 8) * 4
+    without_w, _ = saved_bytes(lambda: torch.tanh(x @ w), exclude=[w])
+    assert without_w == total - 8 * 8 * 4
+    with torch.no_grad():
+        assert saved_bytes(lambda: torch.tanh(x @ w))[0] == 0
