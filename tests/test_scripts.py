@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from utils import lesson_training
-from utils.torchrun import TorchrunFailed, launch, parse_losses, print_losses, run_script, torchrun_command
+from utils.torchrun import (TorchrunFailed, launch, parse_losses, print_losses, run_agents, run_script,
+                            torchrun_command)
 
 TOL = dict(rtol=1e-5, atol=1e-5)  # float32 sums in another order than one process's
 STEPS = 3
@@ -49,6 +50,20 @@ def test_a_failing_agent_reports_its_output():
     with pytest.raises(TorchrunFailed, match="exit code 3") as err:
         launch([[sys.executable, "-c", "print('about to fail'); raise SystemExit(3)"]], timeout=60)
     assert "about to fail" in str(err.value)
+
+
+def test_run_agents_returns_codes_and_stops_on_until_or_timeout():
+    """Lesson 11's use: a failure is a result, not an error; ``until`` and the timeout stop the launch (code None)."""
+    codes, outs, _, stopped = run_agents([[sys.executable, "-c", "print('lost a rank'); raise SystemExit(3)"]], 60)
+    assert codes == [3] and "lost a rank" in outs[0] and stopped is None, (codes, outs, stopped)  # it ended by itself
+    waits = [sys.executable, "-c", "import time; print('joining as generation 1', flush=True); time.sleep(300)"]
+    start = time.monotonic()
+    codes, outs, _, stopped = run_agents([waits], 120, until=lambda out: "generation 1" in out)
+    assert codes == [None] and stopped == "until" and time.monotonic() - start < 60, (codes, stopped)
+    codes, _, seconds, stopped = run_agents([waits, [sys.executable, "-c", "pass"]], 2)
+    assert codes == [None, 0] and stopped == "timed out after 2 s" and seconds < 60, (codes, stopped)
+    with pytest.raises(ValueError, match="timeout=0"):
+        run_agents([waits], 0)
 
 
 def test_losses_round_trip_exactly(capsys):

@@ -1,7 +1,8 @@
 """A lesson script under ``torchrun``, run from a notebook as a subprocess: one agent, or two agents as two nodes.
 
 Notebook 10 (``notebooks/10_torchrun_and_slurm.ipynb``) derives it; lessons 02, 04 and 06 use it to check their
-scripts. Three rules a notebook must keep when it starts ``torchrun``:
+scripts, lesson 11 to kill, relaunch and restart one (``run_agents``). Three rules a notebook must keep when it
+starts ``torchrun``:
 
 - ``sys.executable -m torch.distributed.run``: the kernel's own Python and torch, whatever ``torchrun`` is on PATH;
 - a timeout on every launch, and on timeout kill the agent and every process under it (killing only the agent
@@ -23,8 +24,8 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["ROOT", "SCRIPTS", "init_from_env", "free_port", "torchrun_command", "launch", "run_script", "run_two_agents",
-           "parse_losses", "print_losses", "finish", "TorchrunFailed"]
+__all__ = ["ROOT", "SCRIPTS", "init_from_env", "free_port", "torchrun_command", "run_agents", "launch", "run_script",
+           "run_two_agents", "parse_losses", "print_losses", "finish", "TorchrunFailed"]
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 SCRIPTS = ROOT / "notebooks" / "scripts"
@@ -100,14 +101,20 @@ def _env(extra=None):
 PROGRESS = re.compile(r"^step \d+/\d+")  # the progress lines rank 0 of a course script prints, one per step
 
 
-def launch(commands, timeout, env=None, progress=True):
+def run_agents(commands, timeout, env=None, progress=True, until=None):
     """Start every command at once, each in its own session; wait at most ``timeout`` seconds for all.
 
-    Returns (stdouts, seconds). Raises ``TorchrunFailed`` when one fails or time runs out; then every
-    process still alive is killed first, so that nothing is left holding a port or a CPU. ``progress``:
-    print each agent's progress lines (``step k/n ...``) as they come, so that a long launch shows it is
-    alive; with several agents each line starts with ``[agent i]``. A thread per agent reads its output
-    (a full pipe would stop the agent); only the calling thread prints, so the lines land in the calling cell."""
+    Returns (codes, outputs, seconds, stopped) and raises nothing: ``codes[i]`` is agent i's exit code, or None
+    when it was stopped; ``stopped`` says why agents were stopped (``timed out after ...``, ``exit code ...`` of
+    the agent that failed first, or ``until``), None when all ended by themselves. Whatever ends the wait, every
+    process still alive is killed first, workers included, so that nothing is left holding a port or a CPU.
+    ``until``: a function of the output so far (all agents' lines, joined) that stops the launch when it returns
+    true. ``progress``: print each agent's progress lines (``step k/n ...``) as they come, so that a long launch
+    shows it is alive; with several agents each line starts with ``[agent i]``. A thread per agent reads its
+    output (a full pipe would stop the agent); only the calling thread prints, so the lines land in the calling
+    cell. Lesson 11 uses it directly (it expects failures); ``launch`` raises on them."""
+    if timeout <= 0:
+        raise ValueError(f"timeout={timeout}: give the agents a positive number of seconds, e.g. 300")
     start = time.perf_counter()
     procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                               env=_env(env), start_new_session=True) for c in commands]
@@ -116,7 +123,7 @@ def launch(commands, timeout, env=None, progress=True):
                for i, proc in enumerate(procs)]
     for reader in readers:
         reader.start()
-    problem = None
+    stopped, alive = None, [True] * len(procs)
 
     def show(wait):
         try:
@@ -130,13 +137,17 @@ def launch(commands, timeout, env=None, progress=True):
         while any(proc.poll() is None for proc in procs):
             failed = [proc.returncode for proc in procs if proc.poll()]
             if failed:  # one agent failed: the others would wait for it until their own timeouts
-                problem = f"exit code {failed[0]}"
+                stopped = f"exit code {failed[0]}"
                 break
             if time.perf_counter() - start > timeout:
-                problem = f"timed out after {timeout} s"
+                stopped = f"timed out after {timeout} s"
+                break
+            if until is not None and until("".join(line for out in lines for line in list(out))):
+                stopped = "until"
                 break
             show(0.2)
     finally:
+        alive = [proc.poll() is None for proc in procs]
         _kill(procs)
     for reader in readers:
         reader.join(timeout=30)  # the pipe ends when the agent and every worker are gone
@@ -144,12 +155,19 @@ def launch(commands, timeout, env=None, progress=True):
         show(0)
     for proc in procs:
         proc.wait()
-        if proc.returncode and problem is None:
-            problem = f"exit code {proc.returncode}"
-    outputs = ["".join(out) for out in lines]
-    seconds = time.perf_counter() - start
+    codes = [None if was_alive else proc.returncode for proc, was_alive in zip(procs, alive)]
+    return codes, ["".join(out) for out in lines], time.perf_counter() - start, stopped
+
+
+def launch(commands, timeout, env=None, progress=True):
+    """``run_agents``, for runs that must succeed: returns (stdouts, seconds); raises ``TorchrunFailed`` when
+    an agent fails or time runs out (every process still alive killed first), with the ranks' error lines and
+    the agents' last lines."""
+    codes, outputs, seconds, problem = run_agents(commands, timeout, env, progress)
+    if problem is None and any(codes):
+        problem = f"exit code {next(c for c in codes if c)}"
     if problem:
-        tails = "\n".join(f"--- agent {i}: {' '.join(commands[i][3:])}\n" + "\n".join(o.splitlines()[-25:])
+        tails = "\n".join(f"--- agent {i}: {' '.join(map(str, commands[i][3:]))}\n" + "\n".join(o.splitlines()[-25:])
                           for i, o in enumerate(outputs))
         raise TorchrunFailed(f"torchrun {problem} ({seconds:.1f} s). {_errors(outputs)}The agents' last lines:\n{tails}")
     return outputs, seconds

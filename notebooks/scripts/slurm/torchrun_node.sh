@@ -31,18 +31,21 @@ RDZV_PORT=${RDZV_PORT:-$((29500 + SLURM_JOB_ID % 1000))}
 NNODES=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
 NPROC_PER_NODE=${NPROC_PER_NODE:-${SLURM_GPUS_ON_NODE:-1}}
 
-# Interface: gloo and NCCL pick an interface themselves (gloo: the one of this host name's address; NCCL: the
-# first that is not loopback or docker). On a cluster whose host names resolve to a slow management network,
-# name the fast one (ib0, eth1, ...), the same on every node: `ip -o -4 route get <first node's address>` says
-# which interface reaches the first node.
+# Interface: gloo and NCCL pick an interface themselves (gloo: the one of this host name's address; NCCL, by its
+# documentation: interfaces named ib* first, lo and docker* only when nothing else exists). On a cluster whose
+# host names resolve to a slow management network, name the fast IP interface (eth1, ib0 for IP over
+# InfiniBand, ...), the same on every node: `ip -o -4 route get <first node's address>` says which interface
+# reaches the first node. NCCL_SOCKET_IFNAME is the interface of NCCL's bootstrap and socket transport only;
+# the InfiniBand adapter of its RDMA transport is NCCL_IB_HCA (e.g. mlx5_0), left to NCCL here.
 if [ -n "${IFNAME:-}" ]; then
     export GLOO_SOCKET_IFNAME="$IFNAME" NCCL_SOCKET_IFNAME="$IFNAME"
 fi
 
 echo "node ${SLURM_NODEID:-?}/$NNODES ($(hostname)): $NPROC_PER_NODE processes, rendezvous $RDZV_HOST:$RDZV_PORT," \
      "interface ${GLOO_SOCKET_IFNAME:-default}, restart ${SLURM_RESTART_COUNT:-0}"
-# --rdzv-id: the job id, so agents of two jobs never join each other's rendezvous; no --node-rank: c10d
-# numbers the nodes in the order they arrive (global rank = node rank x NPROC_PER_NODE + local rank).
+# --rdzv-id: the job id, so agents of two jobs never join each other's rendezvous; no --node-rank (ignored by
+# c10d): once all agents have joined, c10d numbers the nodes in sorted order of (host name, agent's process id,
+# a counter), not in the order they arrive (global rank = node rank x NPROC_PER_NODE + local rank).
 exec "${PYTHON:-python}" -m torch.distributed.run \
     --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE" \
     --rdzv-backend c10d --rdzv-endpoint "$RDZV_HOST:$RDZV_PORT" --rdzv-id "$SLURM_JOB_ID" \
