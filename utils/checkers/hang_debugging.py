@@ -252,7 +252,8 @@ def check_fix(program, diagnosis, fixed, world_sizes=(2, 3), timeout=30.0):
             fail(HINTS, "wrong_result", f"program {program}: rank {r} returned {_show(ranks[r]['value'])}, one process "
                  f"computes {_show(per_rank[r])} ({name}).", n)
         lines.append(f"world_size={n}: finished; every rank communicated ({min(calls)}-{max(calls)} {what} each); "
-                     f"results equal one process ({match})")
+                     f"results equal one process ({match})"
+                     + ("" if program == "F" else ", each rank given only its own part of the data"))
     return CheckResult(f"program {program}", lines)
 
 
