@@ -78,6 +78,27 @@ def without_fold(tensor):  # right on 2 and 4 ranks; on 3, rank 2's partner 2 ^ 
     _rhd(tensor)
 
 
+def fold_never_sent_back(tensor):  # folds the extra ranks in, but never sends them the result: they keep their input
+    rank, n = dist.get_rank(), dist.get_world_size()
+    p = 1 << (n.bit_length() - 1)
+    rem = n - p
+    if rank < 2 * rem and rank % 2 == 0:
+        dist.send(tensor, rank + 1)
+        return
+    if rank < 2 * rem:
+        incoming = torch.empty_like(tensor)
+        dist.recv(incoming, rank - 1)
+        tensor += incoming
+    real = [2 * u + 1 if u < rem else u + rem for u in range(p)]
+    group_rank = real.index(rank)
+    d, flat = 1, tensor.view(-1)
+    while d < p:  # whole tensors among the p (fewer bytes than the fold's symptom needs to show)
+        incoming = torch.empty_like(flat)
+        _swap(flat.clone(), real[group_rank ^ d], incoming)
+        flat += incoming
+        d *= 2
+
+
 def whole_tensor_doubling(tensor):
     """Right sums in log2 n steps, the right partners, but the whole tensor every step: log2(n) tensors per rank."""
     rank, n, d = dist.get_rank(), dist.get_world_size(), 1
@@ -147,6 +168,7 @@ def test_plan_counts_messages_and_partners():
     (averaging, (2,), "averaged", "do not divide"),
     (calling_all_reduce, (2,), "used_collective", "point-to-point"),
     (without_fold, (2, 3), "not_power_of_two", "fold the extra ranks"),
+    (fold_never_sent_back, (2, 3), "not_unfolded", "send the complete sum back"),
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_halving_doubling_rejects(wrong, world_sizes, mistake, phrase):
     expect_rejection(check_halving_doubling, wrong, world_sizes=world_sizes, timeout=10, mistake=mistake,
@@ -208,6 +230,50 @@ class BlockingInHook(BucketedDDP):
             flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]])
             dist.all_reduce(flat)  # waits here, inside backward
             self.pending[i] = (flat, dist.barrier(async_op=True))  # something to wait on
+
+
+class AsyncButWaitedAtOnce(BucketedDDP):
+    """async_op=True, the flag the checker once read, but waited on in the hook: it overlaps nothing."""
+
+    def _grad_ready(self, param):
+        super()._grad_ready(param)
+        i = self.bucket_of[id(param)]
+        if self.pending[i] is not None:
+            self.pending[i][1].wait()  # backward stands still here until the bytes have travelled
+
+
+def _buckets_by(model, cap, size_of, closed):
+    """The reference's buckets, sized by ``size_of(p)`` and closed when ``closed(size, cap)``."""
+    buckets, size = [[]], 0
+    for p in [p for p in model.parameters() if p.requires_grad][::-1]:
+        if closed(size, cap):
+            buckets.append([])
+            size = 0
+        buckets[-1].append(p)
+        size += size_of(p)
+    return buckets
+
+
+class ClosedOnlyPastTheCap(BucketedDDP):
+    """A bucket filled exactly to its cap is left open (> in place of >=)."""
+
+    def __init__(self, model, bucket_cap_bytes):
+        super().__init__(model, bucket_cap_bytes)
+        self._rebucket(_buckets_by(model, bucket_cap_bytes, lambda p: p.numel() * p.element_size(),
+                                   lambda size, cap: size > cap))
+
+    def _rebucket(self, buckets):
+        self.buckets = buckets
+        self.bucket_of = {id(p): i for i, bucket in enumerate(buckets) for p in bucket}
+        self._new_step()
+
+
+class CapInElements(ClosedOnlyPastTheCap):
+    """The cap compared with a count of elements, not of bytes."""
+
+    def __init__(self, model, bucket_cap_bytes):
+        BucketedDDP.__init__(self, model, bucket_cap_bytes)
+        self._rebucket(_buckets_by(model, bucket_cap_bytes, lambda p: p.numel(), lambda size, cap: size >= cap))
 
 
 class NotDivided(BucketedDDP):
@@ -282,6 +348,9 @@ def test_bucketed_ddp_rejects_a_bad_cap():
     (BucketsLaunchedInFinish, (2,), "after_backward", "during backward"),
     (OneBucketWhateverTheCap, (3,), "buckets", "honour the cap"),
     (BlockingInHook, (2,), "blocking", "async_op=True"),
+    (AsyncButWaitedAtOnce, (2,), "blocking", "waited on inside backward"),
+    (ClosedOnlyPastTheCap, (2,), "buckets", "honour the cap"),
+    (CapInElements, (2,), "buckets", "bytes"),
     (NotDivided, (3,), "not_divided", "divide by dist.get_world_size()"),
     (NeverReset, (2,), "not_reset", "reset what each bucket waits for"),
     (TiedTwice, (2,), "tied_twice", "remove_duplicate=False"),

@@ -51,7 +51,7 @@ def test_reference_passes(world_sizes):
 
 def variant(gather=False, pad=False, local_max=False, no_max=False, unmasked=False, in_place=False,
             backward_all_reduce=False, ignore_grad=False, no_one_hot=False, mean=False, one_gradient=False,
-            owner_only=False):
+            owner_only=False, log_of_softmax=False):
     """The reference with one mistake switched on."""
 
     class Answer(torch.autograd.Function):
@@ -89,12 +89,14 @@ def variant(gather=False, pad=False, local_max=False, no_max=False, unmasked=Fal
             local = (target - start).clamp(0, width - 1)
             picked = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1)
             picked = picked if unmasked else picked * mine
+            if log_of_softmax:  # exp(x_target - M), summed over ranks: 0 in float32 when it is far below the max
+                picked = picked.exp() * mine
             dist.all_reduce(picked)
             exp = shifted.exp()
             total = exp.sum(-1)
             dist.all_reduce(total)
             ctx.save_for_backward(exp / total.unsqueeze(-1), local, mine)
-            loss = total.log() - picked
+            loss = (total.log() - picked.log()) if log_of_softmax else total.log() - picked
             return loss.mean() if mean else loss
 
         @staticmethod
@@ -128,6 +130,7 @@ def variant(gather=False, pad=False, local_max=False, no_max=False, unmasked=Fal
     ("no_one_hot", "no_one_hot", "one-hot", (2,)),
     ("mean", "not_per_token", "one loss per token", (2,)),
     ("one_gradient", "backward_returns", "None", (2,)),
+    ("log_of_softmax", "underflow", "far below", (3,)),
 ])
 def test_rejects(flag, mistake, phrase, world_sizes):
     expect_rejection(check_vocab_parallel_cross_entropy, variant(**{flag: True}), world_sizes=world_sizes,

@@ -22,7 +22,9 @@ from ..ledger import CommLedger
 from ..models import ToyNet
 from .common import GRAD_TOL, WEIGHT_TOL, CheckResult, LabCheckFailed, caught, close, first_error, launch_answer, raise_if_error
 
-CAPS = (1 << 20, 4096, 1)  # bytes: one bucket for all of ToyNet; two; one per gradient (7)
+# bytes: one bucket for all of ToyNet; two; three, the first filled exactly to its cap (head.bias + head.weight:
+# 40 + 2,560 B; a bucket closed only past the cap, or a cap counted in elements, makes others); one per gradient (7)
+CAPS = (1 << 20, 4096, 2600, 1)
 
 HINTS = {
     "deadlock": "some rank makes a collective call that the others skip (a bucket launched on one rank only?), or "
@@ -41,13 +43,15 @@ HINTS = {
                     "of a bucket into one flat tensor (torch.cat of p.grad.reshape(-1)) and all-reduce that, once "
                     "per bucket.",
     "buckets": "fill buckets with the trainable parameters in reverse order of model.parameters(), and start a new "
-               "bucket when the current one already holds bucket_cap_bytes or more: honour the cap you are given.",
+               "bucket when the current one already holds bucket_cap_bytes or more: honour the cap you are given. "
+               "Several mistakes give this symptom: the cap is in bytes (p.numel() * p.element_size(), not "
+               "p.numel()); a bucket that holds exactly the cap is full; a parameter is never split between buckets.",
     "not_reset": "the first step was right, a later one was not: in finish(), reset what each bucket waits for "
                  "(its count of missing gradients, its pending work), ready for the next backward.",
     "after_backward": "launch a bucket's all-reduce from the hook that completes it (register_post_accumulate_grad_"
                       "hook), during backward, so that it overlaps the rest of backward; finish() only waits.",
-    "blocking": "dist.all_reduce(flat) blocks backward until the bytes have travelled: pass async_op=True, keep the "
-                "work it returns, and work.wait() in finish().",
+    "blocking": "dist.all_reduce(flat) blocks backward until the bytes have travelled, and so does a work waited on "
+                "in the hook: pass async_op=True, keep the work it returns, and work.wait() only in finish().",
     "not_divided": "all_reduce sums the gradients; divide by dist.get_world_size() to get the mean, which is the "
                    "gradient of the loss on the global batch.",
     "not_reduced": "the gradients still differ between ranks: after waiting, copy each bucket's averaged slices back "
@@ -58,8 +62,24 @@ HINTS = {
 }
 
 
+class _Watched:
+    """An async all-reduce's work, which notes a ``wait()`` made while backward still runs: the flag async_op=True
+    is not the behaviour; a work waited on at once, in the hook, overlaps nothing."""
+
+    def __init__(self, work, log):
+        self._work, self._log = work, log
+
+    def wait(self, *args, **kwargs):
+        self._log.waited_in_backward += self._log.in_backward
+        return self._work.wait(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
 class AllReduceLog:
-    """Inside a rank: note every ``dist.all_reduce`` as (bytes, async_op, issued during backward?).
+    """Inside a rank: note every ``dist.all_reduce`` as (bytes, async_op, issued during backward?), and count the
+    waits on its works made during backward.
 
     The rank function sets ``in_backward`` around ``loss.backward()``. Enter it inside a ``CommLedger``.
     """
@@ -67,12 +87,13 @@ class AllReduceLog:
     in_backward = False
 
     def __enter__(self):
-        self.calls, self._saved = [], dist.all_reduce
+        self.calls, self._saved, self.waited_in_backward = [], dist.all_reduce, 0
 
         def all_reduce(tensor, *args, **kwargs):
             async_op = kwargs.get("async_op", args[2] if len(args) > 2 else False)
             self.calls.append((tensor.numel() * tensor.element_size(), bool(async_op), self.in_backward))
-            return self._saved(tensor, *args, **kwargs)
+            work = self._saved(tensor, *args, **kwargs)
+            return _Watched(work, self) if async_op else work
 
         dist.all_reduce = all_reduce
         return self
@@ -122,7 +143,8 @@ def _on_rank(ddp_class, x, y, batches, lr, seed, caps):
                     loss.backward()  # the hooks should launch every bucket in here
                     log.in_backward = False
                     ddp.finish()
-                run["steps"].append(dict(calls=log.calls, payload=ledger.total("payload_bytes")))
+                run["steps"].append(dict(calls=log.calls, payload=ledger.total("payload_bytes"),
+                                         waited=log.waited_in_backward))
                 if step == 0:
                     run["grads"] = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
                 opt.step()
@@ -181,6 +203,11 @@ def _check_pattern(n, runs, probe, cap):
     if blocking:
         raise LabCheckFailed("blocking", f"bucket_cap_bytes={cap}: {len(blocking)} all-reduces were synchronous "
                              "(no async_op=True): backward stood still while each travelled.", HINTS["blocking"], n)
+    waited = sum(step["waited"] for step in steps)
+    if waited:
+        raise LabCheckFailed("blocking", f"bucket_cap_bytes={cap}: async_op=True, but {waited} of the "
+                             f"{len(got) * len(steps)} works were waited on inside backward, at once: backward stood "
+                             "still while each travelled, as with a synchronous call.", HINTS["blocking"], n)
     return want
 
 

@@ -39,6 +39,9 @@ HINTS = {
                         "largest power of two <= n and rem = n - p, each even rank below 2*rem sends its whole "
                         "tensor to the odd rank after it and sits out; the odd ranks and the ranks from 2*rem on "
                         "run the algorithm as virtual ranks 0..p-1; at the end each odd rank sends the result back.",
+    "not_unfolded": "the ranks that ran the algorithm are right; the folded ones (the even ranks below 2*rem) are "
+                    "not: at the end each odd rank below 2*rem must send the complete sum back to the even rank "
+                    "before it, which receives it into its tensor.",
     "wrong": "compare your segments with the table in the lab: at distance d, the rank whose virtual rank has bit d "
              "clear keeps the lower half and sends the upper one; its partner does the opposite.",
     "too_many_messages": "recursive halving and doubling takes log2 p steps per phase, ONE message to ONE partner "
@@ -166,7 +169,11 @@ def _check_case(n, label, numel, ranks, wanted):
     size = numel * ranks[0]["got"].element_size()
     ideal, sent = sum(b for _, _, b in wanted.values()) * size, sum(r["sent"] for r in ranks)
     p = 1 << (n.bit_length() - 1)
-    if mistake in ("wrong", "uncovered") and abs(sent - (ideal - (p - 1) * size)) < 1:
+    folded = set(range(0, 2 * (n - p), 2))  # the even ranks that sit out on a world size not a power of two
+    wrong_ranks = {k for k, rk in enumerate(ranks) if not torch.equal(rk["got"], rk["expected"])} if mistake else set()
+    if wrong_ranks and wrong_ranks <= folded:
+        mistake = "not_unfolded"  # every rank of the p is right: only the folded ones lack the result
+    elif mistake in ("wrong", "uncovered") and abs(sent - (ideal - (p - 1) * size)) < 1:
         mistake = "doubling_missing"  # the halving phase's bytes only
     if mistake:
         r = next(k for k, rk in enumerate(ranks) if not torch.equal(rk["got"], rk["expected"]))

@@ -16,6 +16,7 @@ program on two counts:
 """
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..ledger import CommLedger
@@ -23,32 +24,31 @@ from .common import CheckResult, LabCheckFailed, caught, close, fail, first_erro
 
 BUG_KINDS = {
     "order": "the ranks call the same collectives in different orders",
-    "skipped": "a rank skips a collective that the others call",
+    "skipped": "a rank skips a collective that the others call (or calls one more than the others)",
     "shape": "the ranks hand a collective tensors of different shapes",
     "unmatched_send": "a send has no matching receive",
-    "uneven_data": "one rank has more batches than the others, so its last steps wait for ranks that have finished",
     "wrong_device": "a tensor or module is on another device than the one the rank should use",
+    "too_slow": "every rank makes the same calls, but one rank's work outlasts the timeout",
 }
-PROGRAMS = {"A": "skipped", "B": "shape", "C": "order", "D": "unmatched_send", "E": "wrong_device", "F": "uneven_data"}
+# Two programs share a kind and one kind is planted in none: naming the kinds by elimination does not work.
+PROGRAMS = {"A": "skipped", "B": "shape", "C": "order", "D": "unmatched_send", "E": "wrong_device", "F": "skipped"}
 SYNC_ONLY = ("barrier", "monitored_barrier")  # calls that move no data: not evidence that the ranks communicate
 DDP_PROGRAMS = ("E", "F")  # their communication happens inside torch's DDP, in C++
 NUM_CLASSES = 8  # program B's labels
 TOL = dict(rtol=1e-5, atol=1e-6)  # float32 sums in another order differ by ~1e-7; a wrong answer by far more
 
-CLUES = {  # what the report of each program shows, for a learner whose diagnosis is wrong
-    "A": "read where each rank was stuck: rank 0 is in barrier(), every other rank in all_reduce(). Which collective "
-         "did rank 0 not call, and why (look at its data)?",
-    "B": "every rank called the same all_reduce, yet some never leave it (others got through it, with wrong numbers). "
-         "Print counts.shape on each rank: how long is the histogram torch.bincount makes from rank 0's labels, and "
-         "from the last rank's?",
-    "C": "rank 0 is stuck in one collective and the other ranks in another one. Compare the lines: do all ranks call "
-         "broadcast and all_reduce in the same order?",
-    "D": "the last rank is stuck in dist.send, the others already wait at the barrier. Which rank should receive what "
-         "the last rank sends, and where is its recv?",
-    "E": "it did not hang: every rank raised at once. Read the error: on which device are the module's parameters, "
-         "and which device did DistributedDataParallel's device_ids promise?",
-    "F": "count the batches of each rank (len(data['batches'][rank::world_size])). The rank with one more batch is "
-         "stuck in backward (DDP's all-reduce), the others at the barrier.",
+CLUES = {  # what the report of each program shows, for a learner whose diagnosis is wrong: symptoms, not the bug
+    "A": "rank 0 is in barrier(), every other rank in all_reduce(): compare, rank by rank, the calls each made "
+         "before, and look at rank 0's data.",
+    "B": "every rank called the same all_reduce, yet some never leave it (others got through it, with wrong numbers): "
+         "print what each rank hands it.",
+    "C": "rank 0 is stuck in one collective and the other ranks in another one: compare, rank by rank, the calls "
+         "each made before.",
+    "D": "the last rank is stuck in dist.send, the others already wait at the barrier: which call of which rank "
+         "should this one meet?",
+    "E": "it did not hang: every rank raised at once. Read the error, then print where the module's parameters are.",
+    "F": "rank 0 is stuck in backward, where DDP all-reduces the gradients, the others at the barrier: how many "
+         "times does each rank go through the loop (len(data['batches'][rank::world_size]))?",
 }
 
 HINTS = {
@@ -58,10 +58,11 @@ HINTS = {
                 "TORCH_DISTRIBUTED_DEBUG=DETAIL (the lab's run_with_detail) or add dist.monitored_barrier to see who "
                 "is missing.",
     "crash": "the fixed program must run on every rank without error; read the traceback above.",
-    "no_communication": "the ranks no longer talk to each other: removing the collective (or computing every rank's "
-                        "part on every rank from the whole data set) avoids the hang, but a real job's ranks hold "
-                        "different data in different processes. Keep the communication and make every rank take "
-                        "part in it.",
+    "no_communication": "the ranks no longer send each other what they must: removing the collective, or reading "
+                        "the other ranks' parts of the data set (a real job's ranks hold different data in "
+                        "different processes), avoids the hang. A collective left in the program is not enough: "
+                        "the checker hides the other ranks' parts from each rank, and a rank's result must come "
+                        "from what the others sent it (the value only rank 0 holds, too).",
     "wrong_result": "it runs, but the numbers are not those of one process on the whole data set: compare your result "
                     "with the broken program's intent (the docstring), rank by rank.",
 }
@@ -88,6 +89,29 @@ def make_data(program, world_size):
         y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.1 * torch.randn(count, 4, 1, generator=g)
         return {"batches": [(x[i], y[i]) for i in range(count)], "lr": 0.1}
     raise ValueError(f"no program {program!r}: the lab's programs are {sorted(PROGRAMS)}.")
+
+
+def hide_others(program, data, rank):
+    """``data`` as ``rank`` should use it: the parts that belong to the other ranks replaced by other numbers, as
+    if each rank had loaded only its own. A fix must get the other ranks' contributions by communicating."""
+    g = torch.Generator().manual_seed(1000 + rank)
+
+    def junk(t):
+        return t + torch.randint(1, 5, t.shape, generator=g).to(t.dtype)
+
+    if program == "A":
+        return [x if r == rank else junk(x) for r, x in enumerate(data)]
+    if program == "B":
+        return dict(data, labels=[x if r == rank else (x + 1) % NUM_CLASSES for r, x in enumerate(data["labels"])])
+    if program == "C":  # only rank 0 holds the learning rate
+        grads = torch.stack([x if r == rank else junk(x) for r, x in enumerate(data["grads"])])
+        return {"lr": data["lr"] if rank == 0 else junk(data["lr"]), "grads": grads}
+    if program == "D":
+        return torch.stack([x if r == rank else junk(x) for r, x in enumerate(data)])
+    if program == "E":
+        n = len(data["batches"]) // 2
+        return dict(data, batches=[b if i % n == rank else (junk(b[0]), b[1]) for i, b in enumerate(data["batches"])])
+    return data  # F: DistributedSampler's padding reads a batch of another rank, as a right fix may
 
 
 def _train_reference(batches_per_round, lr, scales=None):
@@ -149,8 +173,10 @@ def _same(got, want):
 
 # ------------------------------------------------------------------ inside the ranks
 
-def _on_rank(fn, data, ddp):
-    """Runs on every rank: the fixed program inside a ledger (and a DDP forward counter); errors come back as data."""
+def _on_rank(fn, data, ddp, per_rank=False):
+    """Runs on every rank: the fixed program inside a ledger (and a DDP forward counter); errors come back as data.
+    ``per_rank``: ``data`` is a list, one data set per rank."""
+    data = data[dist.get_rank()] if per_rank else data
     forwards = [0]
     saved = torch.nn.parallel.DistributedDataParallel.forward
 
@@ -199,11 +225,11 @@ def check_fix(program, diagnosis, fixed, world_sizes=(2, 3), timeout=30.0):
     for n in world_sizes:
         if n < 2:
             raise ValueError(f"world size {n}: these bugs need at least 2 ranks; use 2 to 6.")
-        data = make_data(program, n)
-        ranks = launch_answer(_on_rank, (fixed, data, program in DDP_PROGRAMS), n, timeout,
+        data, ddp = make_data(program, n), program in DDP_PROGRAMS
+        hidden = [hide_others(program, data, r) for r in range(n)]  # each rank sees only its own part
+        ranks = launch_answer(_on_rank, (fixed, hidden, ddp, True), n, timeout,
                               f"program {program}'s fix", HINTS["deadlock"])
         raise_if_error(first_error(ranks), n, HINTS)
-        ddp = program in DDP_PROGRAMS
         calls = [rk["ddp_forwards"] if ddp else rk["calls"] for rk in ranks]
         what = "DDP forward passes" if ddp else "torch.distributed calls"
         silent = [r for r, c in enumerate(calls) if c == 0]
@@ -213,13 +239,21 @@ def check_fix(program, diagnosis, fixed, world_sizes=(2, 3), timeout=30.0):
         wanted = references(program, data, n)
         match = next((name for name, per_rank in wanted.items()
                       if all(_same(rk["value"], w) for rk, w in zip(ranks, per_rank))), None)
-        if match is None:
+        if match is None:  # wrong with each rank's own part only: wrong also with the whole data set on every rank?
+            whole = launch_answer(_on_rank, (fixed, data, ddp), n, timeout, f"program {program}'s fix",
+                                  HINTS["deadlock"])
+            if first_error(whole) is None and any(all(_same(rk["value"], w) for rk, w in zip(whole, per_rank))
+                                                  for per_rank in wanted.values()):
+                fail(HINTS, "no_communication", f"program {program}: right when every rank can read the whole data "
+                     f"set, wrong when the other ranks' parts are hidden from each rank: a rank read what it should "
+                     f"have received.", n)
             name, per_rank = next(iter(wanted.items()))
             r = next(r for r, rk in enumerate(ranks) if not _same(rk["value"], per_rank[r]))
             fail(HINTS, "wrong_result", f"program {program}: rank {r} returned {_show(ranks[r]['value'])}, one process "
                  f"computes {_show(per_rank[r])} ({name}).", n)
         lines.append(f"world_size={n}: finished; every rank communicated ({min(calls)}-{max(calls)} {what} each); "
-                     f"results equal one process ({match})")
+                     f"results equal one process ({match})"
+                     + ("" if program == "F" else ", each rank given only its own part of the data"))
     return CheckResult(f"program {program}", lines)
 
 

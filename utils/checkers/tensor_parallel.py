@@ -12,9 +12,11 @@ It checks the *technique*, not only the numbers, because a wrong technique reach
 - **communication** (``CommLedger``): forward all-reduces at most 3 values per token (the max, the
   target's logit, the sum of exps), and backward nothing. An answer that all-gathers the logits
   (b·s·v values: what the split was meant to avoid) gets the right loss and is rejected;
-- **values**, on three sets of logits, so that each shortcut shows: *tame* (every rank's block has
-  the same max), *spread* (rank r's block is 4r higher: a per-rank max no longer adds up) and
-  *large* (logits near 200: exp overflows float32 unless the max is subtracted). The loss and
+- **values**, on four sets of logits, so that each shortcut shows: *tame* (every rank's block has
+  the same max), *spread* (rank r's block is 4r higher: a per-rank max no longer adds up),
+  *large* (logits near 200: exp overflows float32 unless the max is subtracted) and *apart* (each
+  target's logit 120 below the others: exp(x_target - M) underflows to 0 in float32, so a formula
+  that takes the log of the target's softmax gives inf where log-sum-exp minus the logit does not). The loss and
   the logit gradient are compared with ``F.cross_entropy`` on the whole vocabulary, with the
   tokens weighted in backward (so a backward that ignores its ``grad`` argument shows);
 - **the caller's tensor** is left as it was.
@@ -50,6 +52,9 @@ TP_HINTS = {
                  "(all_reduce(top, op=dist.ReduceOp.MAX)): with each rank's own max, the ranks' sums of exp are on "
                  "different scales and cannot be added.",
     "overflow": "exp(200) is inf in float32: subtract each token's max logit (over the whole vocabulary) before exp.",
+    "underflow": "the target's logit is far below the max: exp(x_target - M) is 0 in float32 and its log is -inf. "
+                 "Never take the log of a softmax: loss = log(sum of exp(x - M)) - (x_target - M), with the picked "
+                 "logit itself all-reduced, not its exp.",
     "grad_output_ignored": "backward receives grad, d(what the caller made of the losses)/d(each token's loss), not "
                            "always 1 (the checker weights the tokens): multiply your gradient by grad.unsqueeze(-1).",
     "no_one_hot": "the gradient of -x_target is -1 at the target word: subtract 1 at the target's column, on the rank "
@@ -68,7 +73,7 @@ ERROR_PHRASES = [("incorrect number of gradients", "backward_returns"),
                  ("Connection closed by peer", "deadlock"),  # gloo, when the ranks' collectives do not pair up
                  ("Connection reset by peer", "deadlock")]  # the same, when the peer has already exited
 TOKENS, WIDTH = 12, 8  # tokens per check; words per rank: the vocabulary is WIDTH x world_size
-CASES = ("tame", "spread", "large")
+CASES = ("tame", "spread", "large", "apart")
 
 
 def make_case(case, world_size, tokens=TOKENS, width=WIDTH):
@@ -81,9 +86,11 @@ def make_case(case, world_size, tokens=TOKENS, width=WIDTH):
         logits[:, owner.diff(prepend=torch.tensor([-1])) != 0] = 4.0  # every block's max is 4: local max = global
     elif case == "spread":
         logits += 4.0 * owner  # rank r's block 4r higher
-    else:
+    elif case == "large":
         logits += 200.0
     target = (torch.arange(tokens) % world_size) * width + torch.randint(0, width, (tokens,), generator=gen)
+    if case == "apart":  # exp(-123) underflows float32 (its smallest is about exp(-103)): the log of 0 is -inf
+        logits[torch.arange(tokens), target] -= 120.0
     weights = torch.arange(1.0, tokens + 1) / tokens  # d(total)/d(loss of each token): not all 1
     return logits, target, weights
 
@@ -147,7 +154,7 @@ def _judge_values(case, rank, r, n):
     loss, grad = r["loss"], r["grad"]
     told = f"rank {rank}, {case} logits"
     if not (torch.isfinite(loss).all() and (grad is None or torch.isfinite(grad).all())):
-        fail(TP_HINTS, "overflow", f"{told}: loss {loss.tolist()[:4]} ... is not finite.", n)
+        fail(TP_HINTS, "underflow" if case == "apart" else "overflow", f"{told}: loss {loss.tolist()[:4]} ... is not finite.", n)
     if not close(loss, want, GRAD_TOL):
         if case == "spread":
             fail(TP_HINTS, "local_max", f"{told}: the loss is right when every rank's block has the same max and "
@@ -193,7 +200,7 @@ def check_vocab_parallel_cross_entropy(cls, world_sizes=(2, 4), timeout=30.0):
         calls = ranks[0]["tame"]["forward"]
         lines.append(f"world_size={n}, v={n * WIDTH}, {TOKENS} tokens: losses and logit gradients equal to "
                      f"F.cross_entropy's on the whole vocabulary (max |diff| {worst:.1e}), also with the ranks' "
-                     f"logits on different scales and near 200; forward: {len(calls)} all-reduces, "
+                     f"logits on different scales, near 200 and 120 apart; forward: {len(calls)} all-reduces, "
                      f"{sum(b for _, b in calls)} B (all-gathering the logits: {TOKENS * WIDTH * 4 * n} B); "
                      "backward: no communication; the caller's logits untouched")
     return CheckResult("VocabParallelCrossEntropy", lines)
