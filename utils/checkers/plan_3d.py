@@ -2,12 +2,12 @@
 fastest, and does its mesh train the tiny Llama of lesson 09 exactly like one process, as the plan says?
 
 ``check_choose_plan(choose_plan)`` calls the learner's search on jobs (model, cluster, GPUs, batch, precision,
-memory cap per rank) and compares each answer with the checker's own enumeration of the lab's search space
-(``lab_plans``; ``utils.planner.best_plans`` searches a narrower space and knows no cap, and a profile hook
-refuses a call to it). A slower answer is diagnosed by the knobs that, held at its values, leave no faster plan; an answer
+memory cap per rank) and compares each answer with the checker's own enumeration of the lab's space (``lab_plans``,
+not ``utils.planner.best_plans``: a judge must not share the search it judges; a profile hook refuses a learner's
+call to it). A slower answer is diagnosed by the knobs that, held at its values, leave no faster plan; an answer
 faster than the checker's optimum means the checker or the planner is wrong, and says so. ``check_plan_run``
 trains the plan's mesh on CPU ranks with ``utils.parallelize3d.train`` (lesson 09's step), honouring the plan's
-schedule and checkpointing, and refuses a plan with a knob that step cannot run (``RUNNABLE``).
+schedule and checkpointing, and refuses a plan with a knob that step cannot run (``unrunnable``).
 """
 
 import dataclasses
@@ -22,7 +22,7 @@ from .common import GRAD_TOL, CheckResult, LabCheckFailed, close, fail, launch_a
 SPACE = dict(micro_batch=(1, 2, 4), v=(1, 2), zero_stage=(0, 1, 2, 3), checkpointing=planner.CHECKPOINTING)
 KNOBS = ("mesh", "micro_batch", "v", "zero_stage", "checkpointing")  # what a diagnosis holds, one (or two) at a time
 HINTS = {
-    "used_best_plans": "write the search yourself: best_plans knows no memory cap and searches fewer ZeRO stages.",
+    "used_best_plans": "write the search yourself: the lab is the search (the cap, ZeRO-2/3 in a pipeline, the boundaries).",
     "not_a_plan": "return a utils.planner.Plan(global_batch, micro_batch, dp, tp, pp, ...).",
     "job_changed": "keep the job you were given: Plan(global_batch=global_batch, ..., precision=precision).",
     "mesh_size": "dp * tp * pp must equal n_gpus: each GPU holds exactly one (dp, tp, pp) position, none idle.",
