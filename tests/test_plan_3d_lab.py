@@ -1,9 +1,11 @@
 """The 3-D plan lab's checker (utils/checkers/plan_3d.py) accepts the reference and rejects planted wrong answers.
 
-Lab 09 asks for ``choose_plan(model, cluster, n_gpus, global_batch, precision)``: the fastest plan by
-``utils.planner.estimate`` among the valid ones that fit, found without ``best_plans``. Each wrong answer below
-is a classic way to lay out a mesh; the test asserts that the checker names the mistake and says the key phrase
-of its hint. The plan's run on ranks is checked once (2 ranks); the lab's notebook runs in test_notebooks.py.
+Lab 09 asks for ``choose_plan(model, cluster, n_gpus, global_batch, precision, memory_cap)``: the fastest plan
+by ``utils.planner.estimate`` among the valid ones of the lab's space holding at most ``memory_cap`` bytes per
+rank, found without ``best_plans``. Each planted answer stands for a kind of checker weakness: a search on fewer
+knobs (the jobs' optima need every knob), an exception from the learner's code, a mistake whose symptom several
+mistakes share, a boundary size (a plan that exactly fills the cap, batches that do not divide), a judge whose
+own search is wrong, a plan the run cannot honour. The lab's notebook runs in test_notebooks.py.
 """
 
 import dataclasses
@@ -13,6 +15,7 @@ import pytest
 
 from lab_grading import expect_rejection
 from notebook_runner import ROOT
+from utils.checkers import plan_3d
 from utils.checkers.plan_3d import CASES, TINY, TINY_BATCH, check_choose_plan, check_plan_run, tiny_cluster
 from utils.planner import CHECKPOINTING, Plan, best_plans, estimate
 
@@ -20,90 +23,87 @@ sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `so
 from solutions.plan_3d import choose_plan, divisors  # noqa: E402
 
 
-def _search(model, cluster, n_gpus, global_batch, precision, *, zero_stages=(0, 1, 2, 3), keep=None, tps=None,
-            fits=True, catch=True):
+def _search(model, cluster, n_gpus, global_batch, precision, cap, *, zero_stages=(0, 1, 2, 3), ckpts=CHECKPOINTING,
+            chunks=(1, 2), tps=None, pps=None, keep=lambda plan: True, under=lambda total, cap: total <= cap,
+            catch=True):
     """The reference's loops, with knobs that plant each mistake."""
     best = None
     for tp in tps or [t for t in divisors(cluster.gpus_per_node) if n_gpus % t == 0]:
-        for pp in divisors(n_gpus // tp):
-            for zero in (z for z in zero_stages if pp == 1 or z <= 1):
-                for v in (1, 2) if pp > 1 else (1,):
+        for pp in pps or divisors(n_gpus // tp):
+            for zero in zero_stages:
+                for v in (c for c in chunks if c == 1 or pp > 1):
                     for mb in (1, 2, 4):
-                        for ckpt in CHECKPOINTING:
-                            try:
-                                plan = Plan(global_batch, mb, n_gpus // (tp * pp), tp, pp, v, zero, precision, ckpt,
-                                            tp > 1)
-                            except ValueError:
-                                continue
-                            if not catch:
-                                est = estimate(model, plan, cluster)
-                            else:
+                        for ckpt in ckpts:
+                            if catch:
                                 try:
+                                    plan = Plan(global_batch, mb, n_gpus // (tp * pp), tp, pp, v, zero, precision,
+                                                ckpt, tp > 1)
                                     est = estimate(model, plan, cluster)
                                 except ValueError:
                                     continue
-                            if (est.fits or not fits) and (keep is None or keep(plan)) and (
-                                    best is None or est.step_time < best[0]):
+                            else:
+                                plan = Plan(global_batch, mb, n_gpus // (tp * pp), tp, pp, v, zero, precision, ckpt,
+                                            tp > 1)
+                                est = estimate(model, plan, cluster)
+                            if under(est.memory.total, cap) and keep(plan) and (best is None or est.step_time < best[0]):
                                 best = (est.step_time, plan)
+    if best is None:
+        raise ValueError("nothing fits")
     return best[1]
 
 
-def calls_best_plans(model, cluster, n_gpus, global_batch, precision="bf16"):
-    return best_plans(model, cluster, n_gpus, global_batch, precision=precision, micro_batches=(1, 2, 4))[0][1]
+def planted(**knobs):
+    def answer(model, cluster, n_gpus, global_batch, precision, cap):
+        return _search(model, cluster, n_gpus, global_batch, precision, cap, **knobs)
+    return answer
 
 
-def tp_everywhere(model, cluster, n_gpus, global_batch, precision="bf16"):
-    """'Tensor parallelism is the fastest': one tp group of every GPU, across the nodes."""
+# kind: a search on fewer knobs (each passes only if the jobs were optimal at that knob's default)
+old_rule = planted(keep=lambda p: p.pp == 1 or p.zero_stage <= 1)  # "ZeRO-2/3 with a pipeline reduce every micro-batch"
+no_zero = planted(zero_stages=(0,))
+no_recompute = planted(ckpts=("none",))
+no_interleaving = planted(chunks=(1,))
+no_tp = planted(tps=[1])
+no_pipeline = planted(pps=[1])
+# kind: a named mistake whose symptom several mistakes share
+fsdp_and_full_recompute = planted(zero_stages=(3,), ckpts=("full",))
+# kind: boundary sizes
+strict_cap = planted(under=lambda total, cap: total < cap)  # a plan that fills the cap exactly is refused
+uncaught = planted(catch=False)  # Plan(...) raises when dp * micro_batch does not divide the batch of 24
+ignores_cap = planted(under=lambda total, cap: total <= 80e9 if cap > 1e6 else total <= cap)  # the GPU's memory
+
+
+def calls_best_plans(model, cluster, n_gpus, global_batch, precision, cap):
+    return best_plans(model, dataclasses.replace(cluster, memory_bytes=cap), n_gpus, global_batch,
+                      precision=precision)[0][1]
+
+
+def one_big_microbatch(model, cluster, n_gpus, global_batch, precision, cap):
+    """The largest micro-batch 'to fill the GPU' in a pipeline: on the batch of 24, m = 24 / (2 * 4) = 3 < p = 4."""
+    if global_batch == 24:
+        return Plan(global_batch, 4, 2, 1, 4, 1, 1, precision, "full")
+    return choose_plan(model, cluster, n_gpus, global_batch, precision, cap)
+
+
+def tp_everywhere(model, cluster, n_gpus, global_batch, precision, cap):
     return Plan(global_batch, 1, 1, n_gpus, 1, precision=precision, sequence_parallel=n_gpus > 1)
 
 
-def one_big_microbatch(model, cluster, n_gpus, global_batch, precision="bf16"):
-    """Megatron's layout (tp in the node, pp across nodes), but the whole batch as one micro-batch (m=1 < p),
-    recomputed so that it fits."""
-    tp = cluster.gpus_per_node
-    return Plan(global_batch, global_batch, 1, tp, n_gpus // tp, precision=precision, checkpointing="full",
-                sequence_parallel=tp > 1)
+def one_node(model, cluster, n_gpus, global_batch, precision, cap):
+    return choose_plan(model, cluster, cluster.gpus_per_node, global_batch, precision, cap)
 
 
-def megatron_layout(model, cluster, n_gpus, global_batch, precision="bf16"):
-    """tp = GPUs per node whatever the model: 12 heads on 8 GPUs per node do not divide."""
-    tp = cluster.gpus_per_node
-    return Plan(global_batch, 1, 1, tp, n_gpus // tp, precision=precision, sequence_parallel=tp > 1)
+def changes_precision(model, cluster, n_gpus, global_batch, precision, cap):
+    return choose_plan(model, cluster, n_gpus, global_batch, "bf16", cap)
 
 
-def fsdp_everywhere(model, cluster, n_gpus, global_batch, precision="bf16"):
-    """ZeRO-3 (FSDP) on every plan, 'to save memory', where ZeRO-1 fits."""
-    return _search(model, cluster, n_gpus, global_batch, precision, zero_stages=(3,), keep=lambda p: p.pp == 1)
+def own_bug(model, cluster, n_gpus, global_batch, precision, cap):
+    """kind: an exception from the learner's own code (not the planner's)."""
+    budget = {"fp32": cap}
+    return choose_plan(model, cluster, n_gpus, global_batch, precision, budget[precision])
 
 
-def ignores_memory(model, cluster, n_gpus, global_batch, precision="bf16"):
-    return _search(model, cluster, n_gpus, global_batch, precision, fits=False)
-
-
-def one_node(model, cluster, n_gpus, global_batch, precision="bf16"):
-    """Plans for the GPUs of one node: the other nodes sit idle."""
-    return choose_plan(model, cluster, cluster.gpus_per_node, global_batch, precision)
-
-
-def uncaught(model, cluster, n_gpus, global_batch, precision="bf16"):
-    """Every pp and v tried, the planner's ValueError (layers % (pp v)) not caught."""
-    return _search(model, cluster, n_gpus, global_batch, precision, catch=False)
-
-
-def data_parallel_only(model, cluster, n_gpus, global_batch, precision="bf16"):
-    return _search(model, cluster, n_gpus, global_batch, precision, tps=[1], keep=lambda p: p.pp == 1)
-
-
-def changes_precision(model, cluster, n_gpus, global_batch, precision="bf16"):
-    return choose_plan(model, cluster, n_gpus, global_batch, "bf16")
-
-
-def hard_coded(model, cluster, n_gpus, global_batch, precision="bf16"):
-    """The lab's own answer, whatever the job."""
-    return Plan(TINY_BATCH, 1, 1, 2, 2, precision="fp32", sequence_parallel=True)
-
-
-def stub(model, cluster, n_gpus, global_batch, precision="bf16"):
+def stub(model, cluster, n_gpus, global_batch, precision, cap):
     raise NotImplementedError("choose_plan is not written yet")
 
 
@@ -113,20 +113,33 @@ def test_reference_passes():
 
 
 @pytest.mark.parametrize("wrong, mistake, phrase", [
-    (calls_best_plans, "used_best_plans", "write the search yourself"),
-    (tp_everywhere, "tp_across_nodes", "inside a node"),
-    (one_big_microbatch, "pipeline_starved", "m >= p"),
-    (megatron_layout, "divisibility", "whole heads"),
-    (fsdp_everywhere, "zero_too_high", "lowest ZeRO stage that fits"),
-    (ignores_memory, "does_not_fit", "the largest term is"),
-    (one_node, "mesh_size", "dp * tp * pp must equal n_gpus"),
+    (old_rule, "zero_stage", "with or without a pipeline"),
+    (no_zero, "zero_stage", "try every ZeRO stage"),
+    (no_recompute, "several", "several mistakes share this symptom"),  # mesh or checkpointing held
+    (no_interleaving, "v", "interleaved"),
+    (no_tp, "mesh", "every tp dividing"),
+    (no_pipeline, "mesh", "every pp dividing"),
+    (fsdp_and_full_recompute, "checkpointing", "with your checkpointing held"),  # ZeRO-3 costs nothing at dp=1
+    (strict_cap, "cap_strict", "fills the cap exactly"),
     (uncaught, "divisibility", "try/except ValueError"),
-    (data_parallel_only, "not_fastest", "every tp dividing gpus_per_node"),
+    (ignores_cap, "over_cap", "memory.total <= memory_cap"),
+    (calls_best_plans, "used_best_plans", "write the search yourself"),
+    (one_big_microbatch, "pipeline_starved", "m >= p"),
+    (tp_everywhere, "tp_across_nodes", "inside a node"),
+    (one_node, "mesh_size", "dp * tp * pp must equal n_gpus"),
     (changes_precision, "job_changed", "precision=precision"),
-    (hard_coded, "job_changed", "keep the job you were given"),
+    (own_bug, "crash", "KeyError"),
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_choose_plan_rejects(wrong, mistake, phrase):
     expect_rejection(check_choose_plan, wrong, mistake=mistake, phrase=phrase)
+
+
+def test_a_judge_that_misses_plans_says_so(monkeypatch):
+    """kind: a judge that trusts its own optimum. With the old rule in the checker's own search, the reference
+    (ZeRO-2 inside a pipeline on GPT-2 small) is faster than the 'fastest': the checker blames itself."""
+    full = plan_3d.lab_plans
+    monkeypatch.setattr(plan_3d, "lab_plans", lambda *a: ((p, e) for p, e in full(*a) if p.pp == 1 or p.zero_stage <= 1))
+    expect_rejection(check_choose_plan, choose_plan, mistake="judge_wrong", phrase="not your mistake")
 
 
 def test_stub_raises_its_own_error():
@@ -134,11 +147,22 @@ def test_stub_raises_its_own_error():
         check_choose_plan(stub)
 
 
-def test_every_case_has_a_plan_and_the_tiny_one_fits_at_every_lab_size():
+def test_the_tiny_job_has_a_runnable_plan_at_every_lab_size():
     for ws in (2, 4, 8):
-        plan = choose_plan(TINY, tiny_cluster(ws), ws, TINY_BATCH, "fp32")
-        assert plan.world_size == ws and estimate(TINY, plan, tiny_cluster(ws)).fits
-        assert dataclasses.replace(plan, zero_stage=0).dp == 1  # the tiny job is a pipeline: see the lab
+        plan = choose_plan(TINY, tiny_cluster(ws), ws, TINY_BATCH, "fp32", 400e3)
+        assert plan.world_size == ws and estimate(TINY, plan, tiny_cluster(ws)).memory.total <= 400e3
+        assert plan_3d.unrunnable(plan) == "", plan
+
+
+@pytest.mark.parametrize("plan, phrase", [
+    (Plan(TINY_BATCH, 1, 1, 1, 2, 2, 0, "fp32", "none"), "v=2"),
+    (Plan(TINY_BATCH, 1, 1, 1, 2, 1, 0, "fp32", "selective"), "selective"),
+    (Plan(TINY_BATCH, 1, 2, 1, 1, 1, 1, "fp32", "full"), "ZeRO-1 with dp=2"),
+])
+def test_run_refuses_what_it_cannot_honour(plan, phrase):
+    """kind: a knob the run would ignore. Refused before launching (the plan need not be the fastest to be refused:
+    unrunnable() is what check_plan_run asks after the judge)."""
+    assert phrase in plan_3d.unrunnable(plan)
 
 
 def test_run_rejects_a_mesh_of_the_wrong_size_before_launching():
@@ -147,6 +171,5 @@ def test_run_rejects_a_mesh_of_the_wrong_size_before_launching():
 
 
 def test_run_of_the_reference_plan():
-    plan = choose_plan(TINY, tiny_cluster(2), 2, TINY_BATCH, "fp32")
-    result = check_plan_run(plan, 2, steps=1)
-    assert "gradients equal" in str(result) and "rank 1 (stage 1)" in str(result), result
+    result = check_plan_run(choose_plan, 2, steps=1)
+    assert "gradients equal" in str(result) and "rank 1 (stage 1)" in str(result) and "1F1B" in str(result), result

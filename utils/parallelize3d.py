@@ -185,14 +185,19 @@ def _local(t):
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def train(dp, pp, tp, steps, m=None, measure_step=1, lr=LR, ac=False, compile_backend=None):
+def train(dp, pp, tp, steps, m=None, measure_step=1, lr=LR, ac=False, compile_backend=None, schedule="GPipe"):
     """Train ``steps`` steps on a (dp, pp, tp) mesh with GPipe over ``m`` micro-batches (default p).
+
+    ``schedule``: "GPipe" (the lesson's) or "1F1B" (``Schedule1F1B``, which needs m >= p); one stage per rank.
 
     Returns this rank's dict: ``coords`` (d, s, t), ``losses``, ``grads`` of step 0 under Hugging Face's
     names (gathered over dp and tp), ``comm`` (the ``MeshCommLedger`` summary of ``measure_step``),
     ``seconds`` of that step, ``memory`` (``model_state_bytes``), ``tensors`` (parameter tensors of the
     stage) and ``tp_sharded`` (which parameters tp shards). ``ac`` and ``compile_backend``: as in ``build``."""
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    schedules = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
+    if schedule not in schedules:
+        raise ValueError(f"schedule={schedule!r}: use one of {sorted(schedules)} (one stage per rank).")
     from torch.distributed.tensor import DTensor
     warnings.filterwarnings("ignore", category=UserWarning)  # FSDP2's note about views (we do no in-place op on them)
     device = rank_device()
@@ -201,8 +206,8 @@ def train(dp, pp, tp, steps, m=None, measure_step=1, lr=LR, ac=False, compile_ba
     d, s = mesh.get_local_rank("dp"), mesh.get_local_rank("pp")
     tied = tied_group(mesh, dp, pp, tp) if pp > 1 else None
     rows = BATCH // dp
-    schedule = ScheduleGPipe(PipelineStage(stage, s, pp, device, group=mesh["pp"].get_group()), n_microbatches=m,
-                             loss_fn=loss_fn)
+    schedule = schedules[schedule](PipelineStage(stage, s, pp, device, group=mesh["pp"].get_group()),
+                                   n_microbatches=m, loss_fn=loss_fn)
     out = dict(coords=(d, s, mesh.get_local_rank("tp")), losses=[], m=m)
     for step in range(steps):
         x, y = (t[d * rows:(d + 1) * rows].to(device) for t in make_batch(step))  # this dp rank's slice

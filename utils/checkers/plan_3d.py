@@ -1,56 +1,61 @@
-"""Checker of labs/09_plan_3d_lab.ipynb: is the learner's dp x tp x pp plan valid, fitting and the fastest, and
-does its mesh train the tiny Llama of lesson 09 exactly like one process, holding what the planner predicts?
+"""Checker of labs/09_plan_3d_lab.ipynb: is the learner's dp x tp x pp plan valid, under the memory cap and the
+fastest, and does its mesh train the tiny Llama of lesson 09 exactly like one process, as the plan says?
 
-``check_choose_plan(choose_plan)`` calls the learner's search on several jobs (model, cluster, GPUs, batch) and
-compares each answer with ``utils.planner.best_plans`` (the grader may use it; the learner may not: a profile
-hook watches for a call to it). ``check_plan_run(plan, world_size)`` runs the plan's mesh on CPU ranks:
-FSDP2 on dp, tensor + sequence parallelism on tp, GPipe on pp: notebook 09's training step itself
-(``utils.parallelize3d.train``, the lesson shows its source) with ``m = plan.microbatches`` micro-batches.
+``check_choose_plan(choose_plan)`` calls the learner's search on jobs (model, cluster, GPUs, batch, precision,
+memory cap per rank) and compares each answer with the checker's own enumeration of the lab's space (``lab_plans``,
+not ``utils.planner.best_plans``: a judge must not share the search it judges; a profile hook refuses a learner's
+call to it). A slower answer is diagnosed by the knobs that, held at its values, leave no faster plan; an answer
+faster than the checker's optimum means the checker or the planner is wrong, and says so. ``check_plan_run``
+trains the plan's mesh on CPU ranks with ``utils.parallelize3d.train`` (lesson 09's step), honouring the plan's
+schedule and checkpointing, and refuses a plan with a knob that step cannot run (``unrunnable``).
 """
 
 import dataclasses
+import itertools
 import sys
 
 from .. import parallelize3d, planner
-from ..parallelize3d import BATCH, HEADS, HIDDEN, LAYERS, SEQ, VOCAB
 from ..memory import zero_bytes_per_rank
+from ..parallelize3d import BATCH, HEADS, HIDDEN, LAYERS, SEQ, VOCAB
 from .common import GRAD_TOL, CheckResult, LabCheckFailed, close, fail, launch_answer
 
+SPACE = dict(micro_batch=(1, 2, 4), v=(1, 2), zero_stage=(0, 1, 2, 3), checkpointing=planner.CHECKPOINTING)
+KNOBS = ("mesh", "micro_batch", "v", "zero_stage", "checkpointing")  # what a diagnosis holds, one (or two) at a time
 HINTS = {
-    "used_best_plans": "write the search yourself: loop over the meshes (tp, pp, dp), the micro-batch, the ZeRO "
-                       "stage and checkpointing, call estimate() on each Plan and keep the fastest that fits; "
-                       "best_plans is the answer key, not a tool for this lab.",
+    "used_best_plans": "write the search yourself: the lab is the search (the cap, ZeRO-2/3 in a pipeline, the boundaries).",
     "not_a_plan": "return a utils.planner.Plan(global_batch, micro_batch, dp, tp, pp, ...).",
     "job_changed": "keep the job you were given: Plan(global_batch=global_batch, ..., precision=precision).",
-    "mesh_size": "dp * tp * pp must equal n_gpus, the GPUs of every node (nodes x gpus_per_node): each GPU holds "
-                 "exactly one (dp, tp, pp) position, none idle, none counted twice.",
-    "tp_across_nodes": "keep tensor parallelism inside a node: tp must divide cluster.gpus_per_node. Its all-reduces "
-                       "run 4 times per layer and micro-batch; over InfiniBand (~50 GB/s instead of NVLink's "
-                       "~450 GB/s) they stall every layer. Cross nodes with pp or dp instead.",
-    "divisibility": "tp must divide the heads, KV heads and MLP inner size (each rank keeps whole heads), pp * v "
-                    "the layers (whole layers per stage), dp * micro_batch the global batch: build each Plan and "
-                    "estimate it inside try/except ValueError, and skip the ones refused.",
-    "does_not_fit": "keep only plans whose estimate(...).fits is True; the reason names the largest term and "
-                    "what shrinks it.",
-    "pipeline_starved": "a pipeline of p stages needs m >= p micro-batches per step (m = global_batch / (dp * "
-                        "micro_batch)); with m < p most stages wait: bubble (p-1)/(m+p-1). Use smaller "
-                        "micro-batches or fewer stages, and compare step_time, which counts the bubble.",
-    "zero_too_high": "use the lowest ZeRO stage that fits: ZeRO-3 gathers the weights again for every "
-                     "micro-batch's forward and backward (3 Psi values per micro-batch instead of 2 Psi per step), "
-                     "bytes for nothing when ZeRO-1 or -2 already fits. Try every stage and keep the fastest.",
-    "not_fastest": "compare estimate(...).step_time of every valid plan (every tp dividing gpus_per_node, every pp, "
-                   "micro_batch in (1, 2, 4), ZeRO 0-3 (0-1 with a pipeline), checkpointing, v in (1, 2) with a "
-                   "pipeline) and keep the smallest among those that fit.",
-    "crash": "choose_plan must return a Plan for every job without raising; read the message.",
+    "mesh_size": "dp * tp * pp must equal n_gpus: each GPU holds exactly one (dp, tp, pp) position, none idle.",
+    "tp_across_nodes": "keep tensor parallelism inside a node: tp must divide cluster.gpus_per_node (its "
+                       "all-reduces run every layer and micro-batch; between nodes they stall every layer).",
+    "outside_space": "stay in the lab's search space (the table): micro_batch 1, 2 or 4; v 1, or 2 with a "
+                     "pipeline; sequence_parallel = tp > 1; the default schedule and loss_parallel.",
+    "divisibility": "Plan(...) and estimate(...) raise ValueError when something does not divide (heads % tp, "
+                    "layers % (pp * v), global_batch % (dp * micro_batch)): wrap both in try/except ValueError.",
+    "over_cap": "keep only plans whose estimate(...).memory.total <= memory_cap: the cap, not "
+                "cluster.memory_bytes (estimate(...).fits), is the budget of this lab.",
+    "cap_strict": "a plan that fills the cap exactly fits: compare memory.total <= memory_cap, not <.",
+    "mesh": "try every mesh: every tp dividing gpus_per_node, every pp dividing n_gpus / tp.",
+    "micro_batch": "try every micro_batch (1, 2, 4).",
+    "pipeline_starved": "a pipeline of p stages needs m >= p micro-batches (m = global_batch / (dp * micro_batch)): "
+                        "with m < p most stages wait, bubble (p-1)/(m+p-1).",
+    "v": "try v = 2 (interleaved 1F1B) with a pipeline: it shrinks the bubble to (p-1)/(v m + p-1).",
+    "zero_stage": "try every ZeRO stage, 0 to 3, with or without a pipeline: a stage too high pays bytes for "
+                  "nothing; one too low holds memory that another knob needed.",
+    "checkpointing": "try every checkpointing (none, selective, full): recompute costs FLOPs, and frees memory "
+                     "that a faster mesh or ZeRO stage may need.",
+    "several": "the fixes are listed above, one per knob: check which values of each your search skips.",
+    "not_fastest": "a faster plan exists that differs in several knobs at once: search every combination.",
+    "crash": "choose_plan must return a Plan for every job without raising; read the message and the line.",
+    "judge_wrong": "not your mistake: the checker's own search or the planner is wrong. Report it with this message.",
+    "cannot_run": "this lab's runner (lesson 09's step) cannot honour that knob; choose_plan's answer for the tiny "
+                  "job must be runnable: see the lab's 'Step 2' for what runs.",
     "not_equal": "the run must match one process: check that the plan's mesh divides the batch and the model.",
     "memory": "the measured shards must be the planner's prediction: read the table above.",
 }
-
-SEARCH = dict(micro_batches=(1, 2, 4), chunks=(1, 2))  # the lab's search space, as best_plans takes it
-# the tiny Llama of notebook 09, its shape read from the code that trains it
 TINY = planner.ModelShape(layers=LAYERS, hidden=HIDDEN, heads=HEADS, vocab=VOCAB, seq_len=SEQ, ffn_hidden=2 * HIDDEN,
                           tied_embeddings=True, gated_mlp=True, norm="rmsnorm", biases=False, positions="rope",
-                          dropout=False)
+                          dropout=False)  # the tiny Llama of notebook 09, its shape read from the code that trains it
 TINY_BATCH = BATCH  # sequences per step
 
 
@@ -59,28 +64,55 @@ def tiny_cluster(world_size):
     return dataclasses.replace(planner.H100_NODE, gpus_per_node=max(1, world_size // 2), memory_bytes=400e3)
 
 
-GPT2_BIG = dataclasses.replace(planner.GPT2_SMALL, heads=16, kv_heads=16, layers=24, hidden=1024)  # GPT-2 medium, 16 heads
-# (name, model, cluster, n_gpus, global_batch, precision): jobs the learner never sees, where the mistakes show.
+GPT2_MEDIUM = dataclasses.replace(planner.GPT2_SMALL, heads=16, kv_heads=16, layers=24, hidden=1024)
+NODE4, NODE4_16GB = (dataclasses.replace(planner.H100_NODE, gpus_per_node=4, memory_bytes=b) for b in (80e9, 16e9))
+# 7B on 2 x 4 H100 with a cap that exactly one fastest plan fills to the byte (the boundary case)
+EXACT = planner.estimate(planner.LLAMA2_7B, planner.Plan(64, 1, 2, 2, 2, 2, 2, "bf16", "none", True), NODE4).memory.total
+# (name, model, cluster, n_gpus, global_batch, precision, memory_cap): jobs whose optimum needs a non-default knob
 CASES = [
-    ("tiny Llama, 2 nodes x 2, fp32", TINY, tiny_cluster(4), 4, TINY_BATCH, "fp32"),
-    ("GPT-2 small, 2 nodes x 8 H100", planner.GPT2_SMALL, planner.H100_NODE, 16, 64, "bf16"),
-    ("GPT-2 medium, 2 nodes x 4 GPUs of 16 GB", GPT2_BIG, dataclasses.replace(planner.H100_NODE, gpus_per_node=4,
-                                                                              memory_bytes=16e9), 8, 32, "bf16"),
-    ("Llama-2-7B, 2 nodes x 4 H100", planner.LLAMA2_7B, dataclasses.replace(planner.H100_NODE, gpus_per_node=4), 8,
-     64, "bf16"),
+    ("tiny Llama, 2 nodes x 2, fp32, 400 kB", TINY, tiny_cluster(4), 4, TINY_BATCH, "fp32", 400e3),
+    ("GPT-2 small, 2 nodes x 8 H100", planner.GPT2_SMALL, planner.H100_NODE, 16, 64, "bf16", 80e9),  # ZeRO-2 + pp
+    ("GPT-2 medium, 2 nodes x 4, cap 4 GB", GPT2_MEDIUM, NODE4_16GB, 8, 32, "bf16", 4e9),  # selective, v = 2
+    ("Llama-2-7B, 2 nodes x 4 H100, cap 16 GB", planner.LLAMA2_7B, NODE4, 8, 64, "bf16", 16e9),  # full recompute
+    ("Llama-2-7B, 2 nodes x 4 H100, cap 32 GB", planner.LLAMA2_7B, NODE4, 8, 64, "bf16", 32e9),  # ZeRO-1
+    (f"Llama-2-7B, 2 nodes x 4 H100, cap {EXACT:,.0f} B", planner.LLAMA2_7B, NODE4, 8, 64, "bf16", EXACT),
+    ("Llama-2-7B, batch 24, 2 nodes x 4 H100, cap 24 GB", planner.LLAMA2_7B, NODE4, 8, 24, "bf16", 24e9),
 ]
 
 
-def optimum(model, cluster, n_gpus, global_batch, precision):
-    """(Estimate, Plan) of the fastest fitting plan of the lab's search space."""
-    found = planner.best_plans(model, cluster, n_gpus, global_batch, precision=precision, top=1, **SEARCH)
-    if not found:
-        raise ValueError(f"no plan fits: {model} on {n_gpus} x {cluster}")
-    return found[0]
+def divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _call_watched(choose_plan, args):
-    """choose_plan(*args), and whether it called planner.best_plans (seen by a profile hook, whatever its name)."""
+def lab_plans(model, cluster, n_gpus, global_batch, precision):
+    """Every valid plan of the lab's space, with its estimate: the checker's own search (not best_plans)."""
+    for tp in (t for t in divisors(cluster.gpus_per_node) if n_gpus % t == 0):
+        for pp in divisors(n_gpus // tp):
+            for mb, v, zero, ckpt in itertools.product(*SPACE.values()):
+                try:
+                    plan = planner.Plan(global_batch, mb, n_gpus // (tp * pp), tp, pp, v, zero, precision, ckpt, tp > 1)
+                    yield plan, planner.estimate(model, plan, cluster)
+                except ValueError:
+                    continue
+
+
+def optimum(model, cluster, n_gpus, global_batch, precision, cap, strict=False):
+    """(Estimate, Plan) of the fastest plan of the lab's space under the cap (strictly under it when ``strict``)."""
+    under = [(e, p) for p, e in lab_plans(model, cluster, n_gpus, global_batch, precision)
+             if (e.memory.total < cap if strict else e.memory.total <= cap)]
+    if not under:
+        raise ValueError(f"no plan of the lab's space fits {cap:,.0f} B: {model} on {n_gpus} x {cluster}")
+    return min(under, key=lambda pair: pair[0].step_time)
+
+
+def _knobs(plan):
+    return dict(mesh=(plan.dp, plan.tp, plan.pp), micro_batch=plan.micro_batch, v=plan.v,
+                zero_stage=plan.zero_stage, checkpointing=plan.checkpointing)
+
+
+def call_choose_plan(choose_plan, job, args):
+    """choose_plan(*args), any exception turned into a named mistake; a call to best_plans refused."""
+    __tracebackhide__ = True
     target, seen = planner.best_plans.__code__, []
 
     def watch(frame, event, arg):
@@ -90,13 +122,27 @@ def _call_watched(choose_plan, args):
     old = sys.getprofile()
     sys.setprofile(watch)
     try:
-        return choose_plan(*args), bool(seen)
+        plan = choose_plan(*args)
+    except NotImplementedError:
+        raise  # the lab's stub: its own message says what to write
+    except Exception as err:
+        tb = err.__traceback__
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        where = f"{tb.tb_frame.f_code.co_filename}, line {tb.tb_lineno}"
+        planner_refused = isinstance(err, ValueError) and "/planner/" in tb.tb_frame.f_code.co_filename
+        mistake = "divisibility" if planner_refused else "crash"
+        raise LabCheckFailed(mistake, f"{job}: choose_plan raised {type(err).__name__}: {err} (at {where})",
+                             HINTS[mistake]) from None
     finally:
         sys.setprofile(old)
+    if seen:
+        fail(HINTS, "used_best_plans", f"{job}: choose_plan called utils.planner.best_plans")
+    return plan
 
 
-def judge(plan, model, cluster, n_gpus, global_batch, precision, job):
-    """Raise LabCheckFailed naming the mistake unless ``plan`` is valid, fits and is (one of) the fastest."""
+def judge(plan, model, cluster, n_gpus, global_batch, precision, cap, job):
+    """Raise LabCheckFailed naming the mistake unless ``plan`` is valid, under the cap and (one of) the fastest."""
     __tracebackhide__ = True
     if not isinstance(plan, planner.Plan):
         fail(HINTS, "not_a_plan", f"{job}: choose_plan returned {plan!r}")
@@ -105,26 +151,50 @@ def judge(plan, model, cluster, n_gpus, global_batch, precision, job):
                                    f"{plan.precision!r}; the job is {global_batch}, {precision!r}")
     if plan.world_size != n_gpus:
         fail(HINTS, "mesh_size", f"{job}: dp={plan.dp} x tp={plan.tp} x pp={plan.pp} = {plan.world_size} GPUs, "
-                                 f"but the cluster has {n_gpus}")
+                                 f"but the job has {n_gpus}")
     if cluster.gpus_per_node % plan.tp:
         fail(HINTS, "tp_across_nodes", f"{job}: tp={plan.tp} on nodes of {cluster.gpus_per_node} GPUs")
+    default = planner.Plan(global_batch)
+    if (plan.micro_batch not in SPACE["micro_batch"] or plan.v not in SPACE["v"] or (plan.v > 1 and plan.pp == 1)
+            or plan.sequence_parallel != (plan.tp > 1) or (plan.schedule, plan.loss_parallel)
+            != (default.schedule, default.loss_parallel)):
+        fail(HINTS, "outside_space", f"{job}: {plan}")
     try:
         est = planner.estimate(model, plan, cluster)
     except ValueError as err:
         fail(HINTS, "divisibility", f"{job}: {err}")
-    if not est.fits:
-        fail(HINTS, "does_not_fit", f"{job}: {plan} {est.reason}")
-    best_est, best = optimum(model, cluster, n_gpus, global_batch, precision)
+    if est.memory.total > cap:
+        fail(HINTS, "over_cap", f"{job}: {est.memory.total:,.0f} B per rank > the cap {cap:,.0f} B (the GPU has "
+                                f"{cluster.memory_bytes:,.0f} B; fits={est.fits})")
+    best_est, best = optimum(model, cluster, n_gpus, global_batch, precision, cap)
+    if est.step_time < best_est.step_time * (1 - 1e-9):
+        fail(HINTS, "judge_wrong", f"{job}: your plan {plan} takes {est.step_time * 1e3:.4f} ms, under the checker's "
+                                   f"fastest {best_est.step_time * 1e3:.4f} ms ({best})")
     if est.step_time <= best_est.step_time * (1 + 1e-9):
         return est, best_est
     what = (f"{job}: your plan takes {est.step_time * 1e3:.3f} ms per step (bubble {est.bubble:.0%}); the fastest "
-            f"that fits takes {best_est.step_time * 1e3:.3f} ms: {best}")
-    if plan.pp > 1 and plan.microbatches < plan.pp:
-        fail(HINTS, "pipeline_starved", f"{what}; you run m={plan.microbatches} micro-batches on pp={plan.pp} stages")
-    lower = [planner.estimate(model, dataclasses.replace(plan, zero_stage=z), cluster) for z in range(plan.zero_stage)]
-    if any(e.fits and e.step_time < est.step_time for e in lower):
-        fail(HINTS, "zero_too_high", f"{what}; ZeRO-{min(z for z, e in enumerate(lower) if e.fits)} fits with "
-                                     f"{est.bytes_per_step['dp'] - lower[-1].bytes_per_step['dp']:,.0f} fewer dp bytes")
+            f"under the cap takes {best_est.step_time * 1e3:.3f} ms: {best}")
+    if best_est.memory.total == cap and est.step_time <= optimum(model, cluster, n_gpus, global_batch, precision,
+                                                                  cap, strict=True)[0].step_time * (1 + 1e-9):
+        fail(HINTS, "cap_strict", f"{what}; it fills the cap of {cap:,.0f} B exactly")
+    # which knobs, held at the learner's values, explain the time: the search never varied them
+    mine = _knobs(plan)
+    under = [(_knobs(p), e.step_time) for p, e in lab_plans(model, cluster, n_gpus, global_batch, precision)
+             if e.memory.total <= cap]
+
+    def explains(knobs):
+        return min(t for k, t in under if all(k[n] == mine[n] for n in knobs)) >= est.step_time * (1 - 1e-9)
+
+    blamed = [k for k in KNOBS if explains((k,))] or next(
+        (list(pair) for pair in itertools.combinations(KNOBS, 2) if explains(pair)), [])
+    starved = plan.pp > 1 and plan.microbatches < plan.pp
+    blamed = list(dict.fromkeys("pipeline_starved" if k in ("micro_batch", "mesh") and starved else k for k in blamed))
+    if len(blamed) == 1:
+        fail(HINTS, blamed[0], f"{what}; with your {blamed[0]} held, no plan is faster than yours")
+    if blamed:
+        raise LabCheckFailed("several", f"{what}; several mistakes share this symptom: holding any of "
+                             f"{', '.join(blamed)} at your value gives your time:\n"
+                             + "\n".join(f"- {k}: {HINTS[k]}" for k in blamed), HINTS["several"])
     fail(HINTS, "not_fastest", what)
 
 
@@ -132,33 +202,43 @@ def check_choose_plan(choose_plan, cases=CASES):
     """Run choose_plan on every job of ``cases`` and judge each answer; a CheckResult says what was chosen."""
     __tracebackhide__ = True
     lines = []
-    for job, model, cluster, n_gpus, batch, precision in cases:
-        try:
-            plan, used = _call_watched(choose_plan, (model, cluster, n_gpus, batch, precision))
-        except NotImplementedError:
-            raise
-        except Exception as err:  # the learner's own code raised: say what, in the notebook
-            mistake = "divisibility" if "not divisible" in str(err) else "crash"
-            raise LabCheckFailed(mistake, f"{job}: choose_plan raised {type(err).__name__}: {err}",
-                                 HINTS[mistake]) from None
-        if used:
-            fail(HINTS, "used_best_plans", f"{job}: choose_plan called utils.planner.best_plans")
-        est, best = judge(plan, model, cluster, n_gpus, batch, precision, job)
+    for job, model, cluster, n_gpus, batch, precision, cap in cases:
+        plan = call_choose_plan(choose_plan, job, (model, cluster, n_gpus, batch, precision, cap))
+        est, best = judge(plan, model, cluster, n_gpus, batch, precision, cap, job)
         lines.append(f"{job}: dp={plan.dp} tp={plan.tp} pp={plan.pp} v={plan.v} micro_batch={plan.micro_batch} "
-                     f"ZeRO-{plan.zero_stage} {plan.checkpointing}: {est.memory.total / 1e9:.3g} GB, "
+                     f"ZeRO-{plan.zero_stage} {plan.checkpointing}: {est.memory.total / 1e9:.4g} GB, "
                      f"{est.step_time * 1e3:.3f} ms (fastest {best.step_time * 1e3:.3f} ms)")
-    return CheckResult("choose_plan: valid, fits, fastest by the planner", lines)
+    return CheckResult("choose_plan: valid, under the cap, fastest by the planner", lines)
 
 
 # ---------------------------------------------------------------- the plan's mesh on CPU ranks (notebook 09's step)
 
-def check_plan_run(plan, world_size, steps=2, timeout=300):
-    """Run ``plan``'s mesh on ``world_size`` CPU ranks for the tiny Llama; check equality and memory per rank."""
+def unrunnable(plan):
+    """Why lesson 09's step cannot run ``plan`` as it says ('' when it can): knobs it would otherwise ignore."""
+    if plan.v > 1:
+        return f"v={plan.v}: the step holds one stage per rank (no interleaved schedule)"
+    if plan.checkpointing == "selective":
+        return "checkpointing='selective': the step recomputes whole blocks (full) or nothing"
+    if plan.dp > 1 and plan.zero_stage != 3:
+        return f"ZeRO-{plan.zero_stage} with dp={plan.dp}: the step shards dp with FSDP2, i.e. ZeRO-3"
+    if plan.pp > 1 and plan.schedule == "1F1B" and plan.microbatches < plan.pp:
+        return f"1F1B with m={plan.microbatches} < p={plan.pp}: torch's Schedule1F1B refuses it"
+    return ""
+
+
+def check_plan_run(choose_plan, world_size, steps=2, timeout=300):
+    """Ask ``choose_plan`` (or take a Plan) for the tiny Llama on ``world_size`` CPU ranks under 400 kB; run it as it
+    says (schedule, checkpointing; refuse what cannot run); check equality with one process and memory per rank."""
     __tracebackhide__ = True
     cluster, job = tiny_cluster(world_size), f"tiny Llama on {world_size} ranks"
-    judge(plan, TINY, cluster, world_size, TINY_BATCH, "fp32", job)
-    ranks = launch_answer(parallelize3d.train, (plan.dp, plan.pp, plan.tp, steps, plan.microbatches), world_size,
-                          timeout, "the plan's mesh", "a rank waits for a message that never comes: see the stacks.")
+    args = (TINY, cluster, world_size, TINY_BATCH, "fp32", cluster.memory_bytes)
+    plan = choose_plan if isinstance(choose_plan, planner.Plan) else call_choose_plan(choose_plan, job, args)
+    judge(plan, *args, job)
+    why = unrunnable(plan)
+    if why:
+        fail(HINTS, "cannot_run", f"{job}: {plan}: {why}", world_size)
+    ranks = launch_answer(_train, (plan, steps), world_size, timeout, "the plan's mesh",
+                          "a rank waits for a message that never comes: see the stacks.")
     ref_losses, ref_grads = parallelize3d.reference(steps)
     got = {}
     for r in ranks:
@@ -167,10 +247,11 @@ def check_plan_run(plan, world_size, steps=2, timeout=300):
     if sorted(got) != sorted(ref_grads) or loss_diff > 1e-5 or not all(close(got[k], ref_grads[k], GRAD_TOL)
                                                                        for k in ref_grads):
         fail(HINTS, "not_equal", f"{job}: losses {ranks[0]['losses']} vs one process {ref_losses}", world_size)
-    # the run shards like FSDP2 (ZeRO-3) on dp, fp32 Adam: 4 + 4 + 8 bytes per parameter of the stage, / dp
+    # FSDP2 on dp shards parameters, gradients and fp32 Adam state (ZeRO-3): 4 + 4 + 8 bytes per parameter, / dp
     zero3 = dataclasses.replace(plan, zero_stage=3)
-    lines = [f"{job}: dp={plan.dp} tp={plan.tp} pp={plan.pp}, m={plan.microbatches} micro-batches, {steps} steps: "
-             f"max |loss - one process| {loss_diff:.1e}, gradients equal (rtol {GRAD_TOL['rtol']:g})"]
+    lines = [f"{job}: dp={plan.dp} tp={plan.tp} pp={plan.pp}, m={plan.microbatches}, {plan.schedule}, "
+             f"checkpointing {plan.checkpointing}, {steps} steps: max |loss - one process| {loss_diff:.1e}, "
+             f"gradients equal (rtol {GRAD_TOL['rtol']:g})"]
     for rank, r in enumerate(ranks):
         psi = planner.stage_parameters(TINY, zero3, r["coords"][1])
         want = {k: v for k, v in zero_bytes_per_rank(psi, plan.dp, 3, 4, 4, 8).items() if k != "total"}
@@ -180,4 +261,10 @@ def check_plan_run(plan, world_size, steps=2, timeout=300):
                                   f"predicted {want}", world_size)
         lines.append(f"rank {rank} (stage {r['coords'][1]}): {sum(r['memory'].values()):,} B of parameters, gradients "
                      f"and Adam state = planner's {sum(want.values()):,.0f} B (Psi_stage = {psi:,})")
-    return CheckResult("the plan trains like one process and holds what the planner predicts", lines)
+    return CheckResult("the plan trains like one process, as it says, and holds what the planner predicts", lines)
+
+
+def _train(plan, steps):
+    """One rank of the plan's run: lesson 09's step with the plan's micro-batches, schedule and checkpointing."""
+    return parallelize3d.train(plan.dp, plan.pp, plan.tp, steps, plan.microbatches, ac=plan.checkpointing == "full",
+                               schedule=plan.schedule)
