@@ -102,7 +102,10 @@ def test_dp_bytes_are_the_ledgers_ring_bytes(n):
         assert est.bytes_per_step["dp"] == pytest.approx(want, rel=1e-12)
     piped = estimate(GPT2_SMALL, Plan(global_batch=4 * n, dp=n, pp=2, zero_stage=3))
     assert piped.bytes_per_step["dp"] == pytest.approx(2 * ag * piped.psi_rank * 2, rel=1e-12)
-    assert piped.memory.gathered == 2 * piped.psi_rank  # the stage's bf16 weights, kept from forward to backward
+    # the stage's bf16 weights and its fp32 accumulated gradients, kept unsharded from first forward to last backward
+    assert piped.memory.gathered == (2 + 4) * piped.psi_rank
+    zero2 = estimate(GPT2_SMALL, Plan(global_batch=4 * n, dp=n, pp=2, zero_stage=2)).memory.gathered
+    assert zero2 == 4 * piped.psi_rank and estimate(GPT2_SMALL, Plan(4 * n, dp=n, pp=2, zero_stage=1)).memory.gathered == 0
 
 
 def test_tp_and_pp_bytes():
@@ -115,6 +118,30 @@ def test_tp_and_pp_bytes():
     assert gathered - est.bytes_per_step["tp"] == pytest.approx(s * GPT2_SMALL.vocab * 3 / 4 * 2 * m)
     assert est.bytes_per_step["pp"] == pytest.approx(s * h * 2 * m)  # stage 0 sends forward only, stage 1 back only
     assert estimate(GPT2_SMALL, Plan(global_batch=m, pp=4)).bytes_per_step["pp"] == pytest.approx(2 * s * h * 2 * m)
+
+
+def test_full_recompute_tp_bytes_are_lesson_09s_measurement():
+    """Lesson 09 measures full recompute's extra tp traffic under sequence parallelism: 2 all-gathers and 1
+    reduce-scatter of s b h per layer and micro-batch (the non-reentrant checkpoint stops before the MLP's closing
+    reduce-scatter), 3 s b h (t-1)/t values; without sequence parallelism the attention's all-reduce, 2 s b h (t-1)/t."""
+    s, h, L, m, t = GPT2_SMALL.seq_len, GPT2_SMALL.hidden, GPT2_SMALL.layers, 4, 4
+    for sp, values in ((True, 3), (False, 2)):
+        plain, full = (estimate(GPT2_SMALL, Plan(m, tp=t, checkpointing=c, sequence_parallel=sp)).bytes_per_step["tp"]
+                       for c in ("none", "full"))
+        assert full - plain == pytest.approx(values * s * h * (t - 1) / t * 2 * L * m)
+
+
+def test_best_plans_search_zero_2_and_3_inside_a_pipeline():
+    """FSDP inside a pipeline reduces once a step (lesson 09 measures 2 Psi f), so the search keeps those plans,
+    and prices them as ZeRO-1's step (the same 2 Psi f bytes) with less state between steps and more at the peak
+    (the stage's unsharded weights and fp32 gradients over the micro-batches)."""
+    found = best_plans(LLAMA2_70B, H100_NODE, 64, 512, top=1000)
+    piped = {(p.dp, p.tp, p.pp, p.v, p.micro_batch, p.checkpointing, p.zero_stage): e for e, p in found if p.pp > 1}
+    pairs = [(e, piped[k[:-1] + (1,)]) for k, e in piped.items() if k[-1] == 3 and k[0] > 1 and k[:-1] + (1,) in piped]
+    assert pairs, "no ZeRO-3 plan with a pipeline was searched"
+    for zero3, zero1 in pairs:
+        assert zero3.step_time == pytest.approx(zero1.step_time, rel=1e-12)
+        assert zero3.memory.model_states < zero1.memory.model_states and zero3.memory.total > zero1.memory.total
 
 
 def test_bubble_is_utils_pipeline_and_has_the_right_limits():

@@ -58,7 +58,7 @@ def as_html(est):
     rows = [("Ψ (parameters)", f"{est.psi / 1e9:.3f} B"), ("Ψ on the busiest rank", f"{est.psi_rank / 1e9:.3f} B"),
             ("parameters", f"{m.parameters / 1e9:.2f} GB"), ("gradients", f"{m.gradients / 1e9:.2f} GB"),
             ("optimizer state", f"{m.optimizer / 1e9:.2f} GB"), ("activations", f"{m.activations / 1e9:.2f} GB"),
-            ("gathered weights (ZeRO-3 in a pipeline)", f"{m.gathered / 1e9:.2f} GB"),
+            ("unsharded in a pipeline (ZeRO-2/3)", f"{m.gathered / 1e9:.2f} GB"),
             ("total per rank", f"{m.total / 1e9:.2f} GB")]
     rows += [(f"sent per step, {k}", f"{v / 1e9:.3f} GB") for k, v in est.bytes_per_step.items()]
     rows += [("bubble", f"{est.bubble:.1%}")] + [(f"time, {k}", f"{v:.3f} s") for k, v in est.times.items()]

@@ -8,7 +8,9 @@ dataclasses, every formula a short named function with its source:
 - ``estimate(model, plan, cluster)`` -> ``Estimate``: Psi, memory per rank term by term
   (``.memory.parameters`` ...), ``.bytes_per_step["dp" | "tp" | "pp"]``, ``.bubble``, ``.times``,
   ``.step_time``, ``.mfu``, and ``.fits`` with ``.reason`` when it does not;
-- ``best_plans(model, cluster, n_gpus, global_batch)``: every mesh, ZeRO stage and checkpointing, fastest first.
+- ``best_plans(model, cluster, n_gpus, global_batch)``: every mesh, ZeRO stage and checkpointing, fastest first;
+- ``flops_per_token(model, checkpointing="none")`` -> (model FLOPs, hardware FLOPs) per token of a training step
+  (PaLM's count, Chowdhery et al. 2022, appendix B); lessons 08 and 09 take their FLOPs from it.
 
 Notation: Psi is a *count* of parameters; bytes carry their factor (fp32 weights 4 Psi bytes, mixed-precision
 Adam model states 16 Psi = 2 Psi + 2 Psi + 12 Psi bytes, ZeRO paper). Per-rank bytes on the wire follow the ring
@@ -19,8 +21,10 @@ stays inside a node when the product of its own and the faster dimensions fits i
 
 Validated term by term against measured runs of lesson 09 (FSDP2 x TP/SP x pipelining of a tiny Llama), which
 added three named terms: the tp collectives at the ends of the model (``tp_end_bytes``), the tied embedding's
-gradient all-reduce between first and last stage (``bytes_per_step["tied"]``), and ZeRO-3 inside a pipeline
-keeping the weights gathered over the micro-batches (``dp_bytes(pipelined=True)``, ``Memory.gathered``).
+gradient all-reduce between first and last stage (``bytes_per_step["tied"]``), and ZeRO-2/3 inside a pipeline
+keeping the weights gathered and the gradients unreduced over the micro-batches (``dp_bytes(pipelined=True)``
+measured; ``Memory.gathered`` from FSDP2's source, not measured), and full recompute's tp replay (``tp_bytes``:
+3 s b h (t-1)/t values more per layer and micro-batch with sequence parallelism, measured).
 What is left out, on purpose: the loss's own small reductions under vocab-parallel cross-entropy, Adam's step
 counters (a few bytes per parameter tensor), attention with a KV cache, context parallelism, offload, overlap of communication with compute (every byte here waits), and the
 allocator's caches and fragmentation (a real peak is higher).

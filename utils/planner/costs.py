@@ -104,11 +104,16 @@ def dp_bytes(psi: float, n: int, stage: int, element_bytes: int, microbatches: i
 
 def tp_bytes(model: ModelShape, plan: Plan, element_bytes: int) -> float:
     """Bytes one tensor-parallel rank sends per step: per layer and micro-batch, 2 all-reduces of s b h in the
-    forward and 2 in the backward (Shoeybi et al. 2019, the f and g operators), 2 more when full recompute runs
-    the forward again; with sequence parallelism each all-reduce is an all-gather + reduce-scatter, same bytes."""
+    forward and 2 in the backward (Shoeybi et al. 2019, the f and g operators), 8 s b h (t-1)/t values; with sequence
+    parallelism each all-reduce is an all-gather + reduce-scatter, same bytes. Full recompute replays the layer's
+    forward in backward, but torch's non-reentrant checkpoint stops the replay once it has rebuilt the last tensor
+    backward needs, before the MLP's closing collective (it only feeds the residual sum): with sequence parallelism
+    2 all-gathers + 1 reduce-scatter more, 3 s b h (t-1)/t values (measured in lesson 09), without it the attention's
+    all-reduce alone, 2 s b h (t-1)/t."""
     t = plan.tp
-    per_layer = (6 if plan.checkpointing == "full" else 4) * model.seq_len * plan.micro_batch * model.hidden
-    return per_layer * 2 * (t - 1) / t * element_bytes * model.layers / plan.pp * plan.microbatches
+    replay = (3 if plan.sequence_parallel else 2) if plan.checkpointing == "full" else 0
+    per_layer = (8 + replay) * model.seq_len * plan.micro_batch * model.hidden
+    return per_layer * (t - 1) / t * element_bytes * model.layers / plan.pp * plan.microbatches
 
 
 def tp_end_bytes(model: ModelShape, plan: Plan, stage: int, element_bytes: int) -> float:
@@ -151,8 +156,11 @@ def pp_bytes(model: ModelShape, plan: Plan, element_bytes: int) -> float:
 # ---------------------------------------------------------------- FLOPs and time
 
 def flops_per_token(model: ModelShape, checkpointing: str = "none") -> tuple[float, float]:
-    """(model FLOPs, hardware FLOPs) per token of a training step. Model: 6 x (matrix parameters, the head
-    included, the embedding lookup not) + 12 L h s for attention scores, i.e. Korthikanti et al. 2022's
+    """(model FLOPs, hardware FLOPs) per token of a training step; times the tokens of a step, the FLOPs of that
+    step (lessons 08 and 09 take theirs from here). Model: 6 x (matrix parameters, the head included, the
+    embedding lookup not) + 12 L h s for attention, the scores QK^T and their weighted sum of the values, 2 s h
+    each per layer forward: PaLM's count (Chowdhery et al. 2022, appendix B, 6N + 12 L H Q T; Kaplan et al. 2020,
+    Table 1, count the scores alone, half of it), i.e. Korthikanti et al. 2022's
     72 B s L h^2 (1 + s/6h + V/12hL) per step for GPT. Hardware adds what recompute runs again: the layers'
     forward with full recompute (Narayanan et al. 2021, Eq. (3): 96 B s l h^2 (1 + s/6h + V/16lh)), the
     attention-score forward 4 L h s with selective recompute."""

@@ -20,7 +20,10 @@ class Memory:
     gradients: float
     optimizer: float
     activations: float
-    gathered: float = 0.0  # ZeRO-3 in a pipeline: the stage's unsharded weights, kept from forward to backward
+    # ZeRO-2/3 in a pipeline: what stays unsharded over the micro-batches (torch.distributed.pipelining turns off
+    # FSDP2's gradient sync and resharding until the last backward): the stage's weights (ZeRO-3) and its
+    # accumulated gradients in fp32 (ZeRO-2 and 3; FSDP2's ``unsharded_accumulated_grad``, in the reduce dtype)
+    gathered: float = 0.0
 
     @property
     def total(self):
@@ -55,7 +58,9 @@ def link_bandwidth(cluster: Cluster, span: int) -> float:
 
 def _stage_memory(model, plan, stage, e):
     psi = stage_parameters(model, plan, stage)
-    gathered = PRECISIONS[plan.precision] * psi if plan.zero_stage == 3 and plan.pp > 1 else 0.0
+    weights = PRECISIONS[plan.precision] * psi if plan.zero_stage == 3 and plan.pp > 1 else 0.0
+    gradients = 4 * psi if plan.zero_stage >= 2 and plan.pp > 1 else 0.0  # fp32: the reduce dtype
+    gathered = weights + gradients
     states = zero_bytes_per_rank(psi, plan.dp, plan.zero_stage,
                                  *bytes_per_param("fp32" if plan.precision == "fp32" else "mixed", "adam"))
     per_layer = layer_activation_bytes(model, plan.micro_batch, plan.tp, plan.sequence_parallel, plan.checkpointing, e)
@@ -95,7 +100,7 @@ def _why_not(memory, cluster):
     fix = {"activations": "checkpointing, sequence parallelism, a smaller micro-batch or more tp/pp",
            "optimizer": "a higher ZeRO stage or more tp/pp", "gradients": "ZeRO stage 2 or 3, or more tp/pp",
            "parameters": "ZeRO stage 3 (FSDP) or more tp/pp",
-           "gathered": "ZeRO-1 inside the pipeline, or more tp/pp"}[big]
+           "gathered": "ZeRO-1 inside the pipeline (its gradients and weights stay unsharded), or more tp/pp"}[big]
     return (f"does not fit: {memory.total / GB:.1f} GB per rank > {cluster.memory_bytes / GB:.1f} GB, over by "
             f"{(memory.total - cluster.memory_bytes) / GB:.1f} GB; the largest term is {big} "
             f"({terms[big] / GB:.1f} GB): try {fix}.")
@@ -107,9 +112,11 @@ def best_plans(model: ModelShape, cluster: Cluster, n_gpus: int, global_batch: i
     """The fitting plans of ``n_gpus`` GPUs, fastest predicted step first: a list of (Estimate, Plan).
 
     Rules: tp within a node (tp divides gpus_per_node), unless ``tp_degrees`` lists the degrees to try (then the
-    cost model alone decides whether crossing nodes pays); sequence parallelism whenever tp > 1; with a pipeline at
-    most ZeRO-1 (stages 2 and 3 would reduce or gather every micro-batch's gradients or weights);
-    interleaving (v > 1) only with a pipeline."""
+    cost model alone decides whether crossing nodes pays); sequence parallelism whenever tp > 1; interleaving
+    (v > 1) only with a pipeline. Every ZeRO stage is tried with a pipeline too, at the pipelined costs that lesson 09
+    measures (``dp_bytes(pipelined=True)``: torch.distributed.pipelining keeps the weights gathered and reduces the
+    gradients once a step; ``Memory.gathered``: the unsharded stage it keeps meanwhile), as torchtitan runs FSDP
+    with PP."""
     _positive(n_gpus=n_gpus, global_batch=global_batch)
     found = []
     if tp_degrees is None:
@@ -119,7 +126,7 @@ def best_plans(model: ModelShape, cluster: Cluster, n_gpus: int, global_batch: i
             dp = n_gpus // (tp * pp)
             for v in (c for c in chunks if c == 1 or pp > 1):
                 for mb in micro_batches:
-                    for zero in (z for z in zero_stages if pp == 1 or z <= 1):
+                    for zero in zero_stages:
                         for ckpt in checkpointing:
                             try:
                                 plan = Plan(global_batch, mb, dp, tp, pp, v, zero, precision, ckpt, tp > 1)
