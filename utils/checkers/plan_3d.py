@@ -67,12 +67,12 @@ def tiny_cluster(world_size):
 GPT2_MEDIUM = dataclasses.replace(planner.GPT2_SMALL, heads=16, kv_heads=16, layers=24, hidden=1024)
 NODE4, NODE4_16GB = (dataclasses.replace(planner.H100_NODE, gpus_per_node=4, memory_bytes=b) for b in (80e9, 16e9))
 # 7B on 2 x 4 H100 with a cap that exactly one fastest plan fills to the byte (the boundary case)
-EXACT = planner.estimate(planner.LLAMA2_7B, planner.Plan(64, 1, 2, 2, 2, 2, 2, "bf16", "none", True), NODE4).memory.total
+EXACT = planner.estimate(planner.LLAMA2_7B, planner.Plan(64, 1, 2, 2, 2, 2, 1, "bf16", "none", True), NODE4).memory.total
 # (name, model, cluster, n_gpus, global_batch, precision, memory_cap): jobs whose optimum needs a non-default knob
 CASES = [
     ("tiny Llama, 2 nodes x 2, fp32, 400 kB", TINY, tiny_cluster(4), 4, TINY_BATCH, "fp32", 400e3),
     ("GPT-2 small, 2 nodes x 8 H100", planner.GPT2_SMALL, planner.H100_NODE, 16, 64, "bf16", 80e9),  # ZeRO-2 + pp
-    ("GPT-2 medium, 2 nodes x 4, cap 4 GB", GPT2_MEDIUM, NODE4_16GB, 8, 32, "bf16", 4e9),  # selective, v = 2
+    ("GPT-2 medium, 2 nodes x 4, cap 3 GB", GPT2_MEDIUM, NODE4_16GB, 8, 64, "bf16", 3e9),  # selective, v = 2
     ("Llama-2-7B, 2 nodes x 4 H100, cap 16 GB", planner.LLAMA2_7B, NODE4, 8, 64, "bf16", 16e9),  # full recompute
     ("Llama-2-7B, 2 nodes x 4 H100, cap 32 GB", planner.LLAMA2_7B, NODE4, 8, 64, "bf16", 32e9),  # ZeRO-1
     (f"Llama-2-7B, 2 nodes x 4 H100, cap {EXACT:,.0f} B", planner.LLAMA2_7B, NODE4, 8, 64, "bf16", EXACT),
