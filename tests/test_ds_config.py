@@ -1,4 +1,4 @@
-"""The DeepSpeed config checker (utils/ds_config.py, notebook 07): the config a popular DeepSpeed tutorial gives, hidden
+"""The DeepSpeed config checker (utils/ds_config.py, notebook 07a): the config a popular DeepSpeed tutorial gives, hidden
 misspellings at every level, a clean config, duplicates in a JSON file, contradictions."""
 
 import json

@@ -9,9 +9,15 @@ Each module holds one idea and names the notebook that derives it:
 - ``utils.ledger``: ``CommLedger``, bytes and time of every collective a rank calls (notebook 01).
 - ``utils.models``: ``ToyNet``, the course model with a frozen parameter, a buffer and a tied
   weight (notebook 02).
-- ``utils.datasets``: small real data sets shipped inside packages, e.g. ``digits()`` (notebook 02).
+- ``utils.datasets``: small real data sets shipped inside packages, e.g. ``digits()`` (notebook 02), and
+  ``AugmentedDigits``, augmented in pure Python (notebooks 08a and 08b).
 - ``utils.lightning_toy``: ``LitToy``, lesson 08's LightningModule, importable by name so that forked and
-  spawned ranks find it, and ``quiet_lightning()`` (notebook 08 and its script).
+  spawned ranks find it, ``quiet_lightning()``, and the runs both parts make: ``fit_in_ranks``,
+  ``early_stopping_run`` (notebooks 08a and 08b, and lesson 08's script).
+- ``utils.speedups``: timing that holds on a shared machine, ``best_seconds`` and ``one_thread`` (notebook 08b).
+- ``utils.gpt_benchmark``: a GPT-2-small-sized model timed on a GPU in four precisions, tokens/s and MFU (notebook 08b).
+- ``utils.compile_check``: did ``torch.compile`` compile a DDP model, and do its all-reduces still overlap
+  the backward (notebook 08b).
 - ``utils.ddp_notebook``: Lightning's ``ddp_notebook`` with its ranks forked from a fresh process, not the kernel
   (notebooks 02 and 08).
 - ``utils.memory``: bytes a rank holds (counted from tensors, or every live tensor) and the ZeRO
@@ -51,9 +57,13 @@ Each module holds one idea and names the notebook that derives it:
   one data-parallel step for any ``tf.distribute`` strategy; imports TensorFlow only when called (notebook 13,
   optional ``[frameworks]`` extra).
 - ``utils.deepspeed_cpu``: DeepSpeed set up in one call, ``import_deepspeed(WORLD_SIZE)``, with no C++ op
-  compiled and its slow imports done once in the kernel (notebook 07).
-- ``utils.ds_schema``: what the installed DeepSpeed accepts in its config, learned from DeepSpeed (notebook 07).
-- ``utils.ds_config``: ``check_config``, every problem of a DeepSpeed config at every level (notebook 07).
+  compiled and its slow imports done once in the kernel (notebooks 07a and 07b).
+- ``utils.ds_schema``: what the installed DeepSpeed accepts in its config, learned from DeepSpeed (notebook 07a).
+- ``utils.ds_config``: ``check_config``, every problem of a DeepSpeed config at every level (notebook 07a).
+- ``utils.ds_training``: what lesson 07's launches share: ``make_model``, ``zero_config``, ``batch`` (notebooks 07a
+  and 07b).
+- ``utils.ds_partitions``: what DeepSpeed's ZeRO optimizer holds on one rank, read from its partitions (notebook 07a).
+- ``utils.activation_memory``: ``saved_bytes``, what autograd keeps for backward (notebook 07b; used by 08b).
 
 Importing ``utils`` starts nothing, seeds nothing and prints nothing. It sets one environment
 variable, ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` (unless you set it): ``torch.cuda.is_available()``

@@ -1,5 +1,5 @@
-"""What autograd keeps for backward, counted: lesson 07 (notebooks/07_deepspeed.ipynb, activation
-checkpointing) derives it, lesson 08 (notebooks/08_lightning_at_scale.ipynb, ``no_grad`` at evaluation)
+"""What autograd keeps for backward, counted: lesson 07b (notebooks/07b_deepspeed_features.ipynb, activation
+checkpointing) derives it, lesson 08b (notebooks/08b_lightning_speedups.ipynb, ``no_grad`` at evaluation)
 uses it again.
 
 ``torch.autograd.graph.saved_tensors_hooks`` calls ``pack`` on every tensor an operation saves for its

@@ -1,5 +1,5 @@
 """Did ``torch.compile`` compile a DDP model, and do DDP's all-reduces still overlap the backward pass?
-Lesson 08 (notebooks/08_lightning_at_scale.ipynb, "torch.compile and DDP") runs ``compile_check`` in ranks.
+Lesson 08 (notebooks/08b_lightning_speedups.ipynb, "torch.compile and DDP") runs ``compile_check`` in ranks.
 
 No code is generated: the backend is ``aot_autograd`` with two tiny compilers that run each graph as it is,
 the forward one counting the operations of each graph it receives, the backward one logging each time a

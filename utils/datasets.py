@@ -1,9 +1,12 @@
 """Small real data sets that ship inside an installed package: nothing is downloaded at run time.
 
-Derived in notebook 02 (data parallelism), where the digits train the course model.
+Derived in notebook 02 (data parallelism), where the digits train the course model. ``AugmentedDigits``
+(random shifts and noise in pure Python) comes from lesson 08: notebooks/08a_lightning_strategies.ipynb seeds
+its workers with ``seed_everything``, notebooks/08b_lightning_speedups.ipynb loads it with ``num_workers``.
 """
 
 import torch
+from torch.utils.data import Dataset
 
 
 def digits(dtype=torch.float32):
@@ -18,3 +21,23 @@ def digits(dtype=torch.float32):
     x = torch.tensor(data.data, dtype=dtype) / 16.0  # pixel values are 0..16
     y = torch.tensor(data.target, dtype=torch.int64)
     return x, y
+
+
+class AugmentedDigits(Dataset):
+    """Digits, randomly shifted and noised per sample in pure Python: slow on purpose, like decode + augment."""
+
+    def __init__(self, x, y, passes=120):  # ~1-2 ms a sample here: an epoch long enough to time
+        if passes < 0:
+            raise ValueError(f"passes={passes}: the number of augmentation passes is 0 or more")
+        self.x, self.y, self.passes = x, y, passes
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        img = self.x[i].view(8, 8).tolist()  # Python lists: per-pixel work in the interpreter
+        dy, dx = torch.randint(-1, 2, (2,)).tolist()  # random shift: worker-seeded
+        noise = (torch.rand(64) * 0.05).tolist()
+        for _ in range(self.passes):  # each pass: roll by (dy, dx), blend in the noise
+            img = [[0.9 * img[(r + dy) % 8][(c + dx) % 8] + noise[8 * r + c] for c in range(8)] for r in range(8)]
+        return torch.tensor(img).view(64), self.y[i]  # (64,), ()

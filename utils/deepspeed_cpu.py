@@ -1,6 +1,6 @@
 """DeepSpeed on CPU ranks (and on GPUs) without waiting for a C++ compiler: one call in the kernel.
 
-Derived in notebook 07 (DeepSpeed), whose first DeepSpeed cell is
+Derived in notebook 07a (DeepSpeed, part 1), whose first DeepSpeed cell is
 ``deepspeed, ext_dir = import_deepspeed(WORLD_SIZE)``; the script ``notebooks/scripts/07_deepspeed_train.py``
 calls ``avoid_op_builds()`` itself. Why any of this is needed:
 

@@ -1,7 +1,7 @@
 """Check a DeepSpeed config before DeepSpeed sees it: every unknown, misspelled, misplaced,
 duplicated, deprecated, removed or contradictory key, at every level, top level included.
 
-Derived in notebook 07 (DeepSpeed in practice). DeepSpeed stops at the first bad key inside a
+Derived in notebook 07a (DeepSpeed, part 1). DeepSpeed stops at the first bad key inside a
 section and silently ignores a misspelled *top-level* key: ``"zero_optimisation"`` turns ZeRO off
 without a word. The valid keys come from the installed DeepSpeed (``utils.ds_schema``), so the
 checker stays right when DeepSpeed adds or renames keys. Each key of your config is then:

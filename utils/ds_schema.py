@@ -1,6 +1,6 @@
 """What the installed DeepSpeed accepts in its config, learned from DeepSpeed itself.
 
-Derived in notebook 07 (DeepSpeed in practice) for the config checker ``utils.ds_config``.
+Derived in notebook 07a (DeepSpeed, part 1) for the config checker ``utils.ds_config``.
 DeepSpeed validates the sections it parses with pydantic (``zero_optimization``, ``bf16``,
 ``fp16``, ...), but reads the *top level* and a few hand-parsed sections with
 ``dict.get(key, default)``, so nothing lists those keys. Rather than hand-typing hundreds of keys

@@ -1,4 +1,4 @@
-"""The GPU benchmark of lesson 08 (notebooks/08_lightning_at_scale.ipynb): a plain PyTorch GPT the size of
+"""The GPU benchmark of lesson 08 (notebooks/08b_lightning_speedups.ipynb): a plain PyTorch GPT the size of
 GPT-2 small, timed in tokens per second under one precision setting, and its MFU.
 
 MFU counts model FLOPs per token with the planner's ``utils.planner.flops_per_token`` (6 x the matrix

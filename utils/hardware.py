@@ -1,7 +1,7 @@
 """What this machine has, said out loud: a lesson that claims a speed-up states where it measured.
 
 Notebook 00 prints it; later lessons print it above their timings. `precision_support` reads what
-DeepSpeed and torch say about fp16, bf16 and AMX here, as plain bools (derived in notebook 07).
+DeepSpeed and torch say about fp16, bf16 and AMX here, as plain bools (derived in notebook 07a).
 """
 
 import dataclasses
@@ -82,7 +82,7 @@ def _torch_cpu_facts():
 
 def precision_support(accelerator=None) -> PrecisionSupport:
     """What DeepSpeed's accelerator (default: ``deepspeed.accelerator.get_accelerator()``) and torch say
-    about fp16 and bf16 here, each answer normalised to a bool. Notebook 07 branches on it."""
+    about fp16 and bf16 here, each answer normalised to a bool. Notebook 07a branches on it."""
     if accelerator is None:
         from deepspeed.accelerator import get_accelerator  # imported here: utils must not import DeepSpeed eagerly
         accelerator = get_accelerator()

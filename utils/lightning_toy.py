@@ -15,25 +15,31 @@ own ``DistributedSampler`` inside each rank, ``training_step`` / ``validation_st
 Everything else (the loop, backward, the all-reduce, the optimizer step, checkpoints) is the Trainer's.
 
 ``quiet_lightning()`` silences Lightning's banners and two warnings the lesson triggers on purpose.
+The runs both parts of lesson 08 make live here too (derived in notebooks/08a_lightning_strategies.ipynb,
+reused by notebooks/08b_lightning_speedups.ipynb): ``quiet_trainer``, ``fit_in_ranks`` (a Trainer in ranks
+that already exist) and ``early_stopping_run`` (``ModelCheckpoint`` + ``EarlyStopping`` under ``ddp_notebook``).
 """
 
 import json
 import logging
+import tempfile
 import time
 import warnings
 from pathlib import Path
 
 import lightning as L
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from utils.datasets import digits
 from utils.memory import optimizer_state_tensors, storage_bytes
 from utils.models import ToyNet
 
-__all__ = ["GLOBAL_BATCH", "LR", "LitToy", "digits_in_order", "make_model", "quiet_lightning", "shard_with_fsdp2"]
+__all__ = ["GLOBAL_BATCH", "LR", "LitToy", "digits_in_order", "early_stopping_data", "early_stopping_run", "fit_in_ranks",
+           "make_model", "quiet_lightning", "quiet_trainer", "read_ranks", "shard_with_fsdp2"]
 
 GLOBAL_BATCH = 240  # samples per optimizer step, split across ranks (lesson 02's value)
 LR = 0.5  # plain SGD learning rate (lesson 02's value)
@@ -170,3 +176,59 @@ def quiet_lightning():
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     warnings.filterwarnings("ignore", ".*LeafSpec.*")
+
+
+def quiet_trainer(**kwargs):
+    """A ``Trainer`` with the flags every run of lesson 08 shares: our sampler, no bars, summaries or loggers."""
+    return L.Trainer(use_distributed_sampler=False,  # keep our sampler: lesson 02's data order
+                     enable_progress_bar=False, enable_model_summary=False, logger=False, **kwargs)
+
+
+def read_ranks(out_dir):
+    """What each rank wrote in ``LitToy.on_train_end``: a list of dicts, rank 0 first."""
+    return [json.loads(p.read_text()) for p in sorted(Path(out_dir).glob("rank*.json"))]
+
+
+def fit_in_ranks(train_data, strategy, shard=False, steps=3):
+    """Runs in every rank of run_ranks: one Trainer per rank, joining the existing process group."""
+    from utils.launch import rank_device
+
+    device = rank_device()
+    model = LitToy(train_data, shard=shard)
+    trainer = quiet_trainer(accelerator="gpu" if device.type == "cuda" else "cpu", devices=dist.get_world_size(),
+                            strategy=strategy, max_steps=steps, enable_checkpointing=False, limit_val_batches=0)
+    trainer.fit(model)
+    full = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu() for k, v in model.net.state_dict().items()}
+    return dict(losses=model.losses, bytes=model.held_bytes(), seconds=model.fit_seconds, state=full,
+                strategy=type(trainer.strategy).__name__, param_type=type(model.net.mix1.weight).__name__)
+
+
+def early_stopping_data():
+    """The over-fitting job's data: 240 training digits and the last 600 (never trained on), lesson 02's order."""
+    x_all, y_all = digits_in_order()
+    return TensorDataset(x_all[:240], y_all[:240]), TensorDataset(x_all[1197:], y_all[1197:])
+
+
+def early_stopping_run(train, val, stop_early, devices, max_epochs, patience):
+    """Adam on ``train`` under ``ddp_notebook`` on ``devices`` CPU ranks, validating every epoch on ``val``;
+    ``ModelCheckpoint`` keeps the best, ``EarlyStopping`` (if ``stop_early``) stops ``patience`` epochs after it.
+
+    Returns ``(trainer, what each rank saw, seconds, checkpoint folder)``.
+    """
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    from utils.ddp_notebook import fit_on_forked_ranks
+
+    out_dir, ckpt_dir = tempfile.mkdtemp(prefix="lightning-08-es-"), tempfile.mkdtemp(prefix="lightning-08-ckpt-")
+    callbacks = [ModelCheckpoint(dirpath=ckpt_dir, monitor="val_loss", mode="min", save_top_k=1,
+                                 filename="{epoch}-{val_loss:.4f}")]
+    if stop_early:
+        callbacks.append(EarlyStopping(monitor="val_loss", mode="min", patience=patience))
+    model = LitToy(train, val, global_batch=60, lr=0.01, optimizer="adam", out_dir=out_dir)
+    trainer = quiet_trainer(accelerator="cpu", devices=devices, strategy="ddp_notebook", max_epochs=max_epochs,
+                            callbacks=callbacks, num_sanity_val_steps=0)
+    start = time.perf_counter()
+    fit_on_forked_ranks(trainer, model)  # ranks forked from a clean helper process (utils/ddp_notebook.py)
+    seconds = time.perf_counter() - start
+    print(f"  (a fit {'with' if stop_early else 'without'} EarlyStopping: {seconds:.1f} s)", flush=True)  # progress
+    return trainer, read_ranks(out_dir), seconds, ckpt_dir

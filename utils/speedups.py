@@ -1,5 +1,5 @@
 """Timing that holds on a shared machine, for lesson 08's speed-up measurements
-(notebooks/08_lightning_at_scale.ipynb, "The six speed-ups, measured")."""
+(notebooks/08b_lightning_speedups.ipynb, "The six speed-ups, measured")."""
 
 from __future__ import annotations
 

@@ -84,7 +84,7 @@ def course_map(readme: str):
     rows = []
     for line in readme.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) >= 2 and re.fullmatch(r"\d\d", cells[0]):
+        if len(cells) >= 2 and re.fullmatch(r"\d\d[a-z]?", cells[0]):  # 07a, 07b: a lesson in parts
             links = re.findall(r"\]\(([^)]+\.ipynb)\)", line)
             name = re.search(r"\[([^\]]+)\]", cells[1])
             rows.append((f"{cells[0]} · {name.group(1) if name else cells[1]}", links))
@@ -97,7 +97,7 @@ def nav(readme: str, pages: list[str]):
     for title, links in course_map(readme):
         for link in links:
             if link in pages and link not in seen:
-                label = title if link.startswith("notebooks/") else f"{title[:2]} · lab"
+                label = title if link.startswith("notebooks/") else f"{title.split(' · ')[0]} · lab"
                 entries.append({label: link})
                 seen.add(link)
     rest = [p for p in pages if p not in seen]
