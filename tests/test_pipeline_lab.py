@@ -68,7 +68,7 @@ def _megatron(warmup, reverse_backward_chunks=True, check=True):
 
 
 def _megatron_warmup(rank, p, m, v):
-    return v * m if m == p else (p - rank - 1) * 2 + (v - 1) * p
+    return (p - rank - 1) * 2 + (v - 1) * p
 
 
 all_forwards_first = _megatron(lambda rank, p, m, v: v * m)  # interleaved GPipe: v m chunks held
@@ -76,7 +76,13 @@ one_forward_too_many = _megatron(lambda rank, p, m, v: _megatron_warmup(rank, p,
 one_f_one_b_warmup = _megatron(lambda rank, p, m, v: p - rank - 1)  # 1F1B's warm-up: B before its own F
 warmup_counted_from_the_end = _megatron(lambda rank, p, m, v: rank * 2 + (v - 1) * p)  # the last rank warms up most
 chunks_not_reversed = _megatron(_megatron_warmup, reverse_backward_chunks=False)
-half_the_warmup = _megatron(lambda rank, p, m, v: v * m if m == p else (p - rank - 1) + (v - 1) * p)  # valid, not Megatron's
+half_the_warmup = _megatron(lambda rank, p, m, v: (p - rank - 1) + (v - 1) * p)  # valid, not Megatron's
+# kind "only sizes that avoid the boundaries": right at m = 2p, wrong at m = p only (every rank warms up fully
+# there; torch's rank r > 0 does not), which a comparison with torch at m = 2p alone never saw
+full_warmup_at_m_equal_p = _megatron(lambda rank, p, m, v: v * m if m == p else _megatron_warmup(rank, p, m, v))
+# the same kind, found only by the comparison with torch at m = p: a shorter (valid) warm-up there alone
+short_warmup_at_m_equal_p = _megatron(lambda rank, p, m, v: (p - rank - 1) + (v - 1) * p if m == p
+                                      else _megatron_warmup(rank, p, m, v))
 no_check = _megatron(_megatron_warmup, check=False)
 
 
@@ -97,12 +103,14 @@ def forgets_last_backward(rank, ranks, microbatches, chunks):
 
 @pytest.mark.parametrize("wrong, mistake, phrase", [
     (all_forwards_first, "all_forwards_first", "interleaved GPipe"),
-    (one_forward_too_many, "too_many_in_flight", "(p - r - 1) 2 + (v - 1) p + 1"),
+    (one_forward_too_many, "too_many_in_flight", "longer than Megatron's"),
     (one_f_one_b_warmup, "backward_before_forward", "after ('F', mb, c)"),
     (warmup_counted_from_the_end, "deadlock", "groups of p"),
     (chunks_not_reversed, "deadlock", "chunks reversed"),
     (two_forwards_swapped, "bubble", "(p-1)/(vm+p-1)"),
     (half_the_warmup, "not_megatron", "ScheduleInterleaved1F1B"),
+    (full_warmup_at_m_equal_p, "all_forwards_first", "interleaved GPipe"),
+    (short_warmup_at_m_equal_p, "not_megatron", "at m = p as at m > p"),
     (no_check, "no_divisibility_check", "raise ValueError at once"),
     (one_f_one_b_format, "not_ops", "(kind, mb, chunk)"),
     (forgets_last_backward, "missing_ops", "exactly once"),

@@ -5,7 +5,8 @@ virtual stages r, r + p, ..., r + (v - 1) p, so a micro-batch visits every rank 
 fill and drain of the pipeline take 1/v as long: a bubble of (p - 1) / (v m + p - 1). Micro-batches
 go through in groups of p: the p micro-batches of a group through chunk 0, then the same p through
 chunk 1, ..., then the next group; backwards the same, chunks in reverse. Rank r warms up with
-(p - r - 1) 2 + (v - 1) p forwards (all of them when m = p), then alternates one forward and one
+min(v m, (p - r - 1) 2 + (v - 1) p) forwards (at m = p too: only rank 0's
+reaches v m), then alternates one forward and one
 backward, then cools down. The order is the one torch's ``ScheduleInterleaved1F1B`` computes.
 """
 
@@ -23,7 +24,7 @@ def interleaved_one_f_one_b(rank: int, ranks: int, microbatches: int, chunks: in
         chunk = within // ranks
         return group * ranks + within % ranks, (chunks - 1 - chunk) if backward else chunk
 
-    warmup = total if microbatches == ranks else min(total, (ranks - rank - 1) * 2 + (chunks - 1) * ranks)
+    warmup = min(total, (ranks - rank - 1) * 2 + (chunks - 1) * ranks)  # as torch's _get_warmup_ops
     ops = [("F", *unit(k, False)) for k in range(warmup)]
     for i in range(total - warmup):  # steady state: the next forward, then the oldest backward
         ops += [("F", *unit(warmup + i, False)), ("B", *unit(i, True))]

@@ -16,11 +16,12 @@ GPipe, too little warm-up) gives the right gradients and is rejected by what it 
 4. **deadlock-free**: ``utils.pipeline.simulate`` runs all ranks' lists together, any receive that
    waits for an op that waits, in turn, for it is named;
 5. **memory**: rank r holds at most (p - r - 1) 2 + (v - 1) p + 1 micro-batch chunks of
-   activations (``peak_in_flight``; all v m when m = p), what Megatron's warm-up allows;
+   activations (``peak_in_flight``; never more than v m), what Megatron's warm-up allows;
 6. **bubble**: simulated with a backward costing 1 and 2 forwards, the idle share is
    (p - 1) / (v m + p - 1), no more;
-7. **torch**: on p ranks, the order equals the one ``torch.distributed.pipelining``'s
-   ``ScheduleInterleaved1F1B`` computes for the same p, m and v, op for op.
+7. **torch**: at every case of ``CASES`` (m = p included), the order equals the one torch's own
+   ``ScheduleInterleaved1F1B._calculate_single_rank_operations`` computes, op for op (called in this
+   process); on p launched ranks, the one a real ``ScheduleInterleaved1F1B`` builds.
 """
 
 import torch.distributed as dist
@@ -30,7 +31,9 @@ from ..launch import rank_device
 from ..pipeline import PipelineDeadlock, bubble_fraction, idle_fraction, peak_in_flight, simulate
 from .common import CheckResult, caught, fail, first_error, launch_answer, raise_if_error
 
-CASES = [(2, 2, 2), (2, 4, 2), (2, 8, 3), (3, 6, 2), (3, 9, 2), (4, 4, 2), (4, 8, 2), (4, 8, 3)]  # (p, m, v)
+# (p, m, v); m = p last: there a warm-up one forward too long is every forward first on some ranks, so the cases
+# with m > p come first and name that mistake as what it is
+CASES = [(2, 4, 2), (2, 8, 3), (3, 6, 2), (3, 9, 2), (4, 8, 2), (4, 8, 3), (2, 2, 2), (4, 4, 2)]
 
 PIPELINE_HINTS = {
     "no_divisibility_check": "micro-batches go through in groups of p: when m is not a multiple of p, raise "
@@ -45,27 +48,28 @@ PIPELINE_HINTS = {
                 "rank. The forward of chunk c on rank r needs the same chunk's forward on rank r - 1 (on rank 0: "
                 "chunk c - 1 on the last rank); backwards go the other way. Send micro-batches in groups of p: "
                 "the p of a group through chunk 0, the same p through chunk 1, ...; backwards with the chunks "
-                "reversed; warm-up (p - r - 1) 2 + (v - 1) p forwards.",
+                "reversed; count the warm-up from the right end (the last rank warms up least).",
     "all_forwards_first": "every forward before the first backward is interleaved GPipe: rank r then holds all v m "
-                          "micro-batch chunks. Warm up with (p - r - 1) 2 + (v - 1) p forwards, then alternate one "
-                          "forward and one backward.",
-    "too_many_in_flight": "rank r may hold at most (p - r - 1) 2 + (v - 1) p + 1 micro-batch chunks of activations "
-                          "(all v m when m = p): warm up with exactly (p - r - 1) 2 + (v - 1) p forwards (at most v m), "
-                          "then one forward, one backward.",
+                          "micro-batch chunks. Warm up only until the rank can start backwards, then alternate one "
+                          "forward and one backward (simulate your order to find when).",
+    "too_many_in_flight": "your warm-up is longer than Megatron's on this rank: every extra warm-up forward holds "
+                          "one more micro-batch chunk of activations and buys no bubble. Find the fewest warm-up "
+                          "forwards that keep the bubble at (p-1)/(vm+p-1) (and mind m = p: the same rule holds there).",
     "bubble": "the order is correct but idles more than (p-1)/(vm+p-1): with too little warm-up a rank waits for its "
               "backward, and with micro-batches in groups other than p a virtual stage waits for the one before it.",
     "not_megatron": "your order passes every check above but is not Megatron's (torch's ScheduleInterleaved1F1B "
-                    "computes it): the k-th forward of a rank is micro-batch (k // (p v)) p + k % p of chunk "
-                    "(k % (p v)) // p; the k-th backward the same, chunk v - 1 - that; warm-up (p - r - 1) 2 + "
-                    "(v - 1) p forwards, all v m when m = p.",
+                    "computes it): either the warm-up count differs (a shorter one is valid and keeps the bubble; "
+                    "Megatron warms up longer, to hide messages; the same rule at m = p as at m > p), or the "
+                    "micro-batches and chunks are visited in another order; the op named below is the first "
+                    "that differs.",
     "deadlock_torch": "the ranks never finished building torch's schedule: a crash or hang outside your function.",
 }
 
 
 def _bound(rank, p, m, v):
-    """Micro-batch chunks rank ``rank`` may hold: Megatron's warm-up + 1 (all of them when m = p)."""
+    """Micro-batch chunks rank ``rank`` may hold: Megatron's warm-up + 1, at most all v m of them."""
     total = v * m
-    return total if m == p else min(total, (p - rank - 1) * 2 + (v - 1) * p + 1)
+    return min(total, (p - rank - 1) * 2 + (v - 1) * p + 1)
 
 
 def _orders(fn, p, m, v):
@@ -108,8 +112,11 @@ def _check_structure(orders, p, m, v):
         if h > _bound(r, p, m, v):
             first_b = next(i for i, op in enumerate(ops) if op[0] == "B")
             mistake = "all_forwards_first" if first_b == v * m else "too_many_in_flight"
+            shared = (" At this size a warm-up only one forward too long looks the same: if your order is not all "
+                      "forwards first at m > p, that is your mistake." if mistake == "all_forwards_first"
+                      and _bound(r, p, m, v) == v * m - 1 else "")
             fail(PIPELINE_HINTS, mistake, f"{case}: rank {r} holds up to {h} micro-batch chunks of activations at "
-                                          f"once; Megatron's warm-up holds {_bound(r, p, m, v)}. Your ops: {ops}")
+                                          f"once; Megatron's warm-up holds {_bound(r, p, m, v)}.{shared} Your ops: {ops}")
     formula = bubble_fraction(p, m, v)
     for timeline, costs in zip(timelines, ("1:1", "1:2")):
         idle = idle_fraction(timeline)
@@ -117,6 +124,29 @@ def _check_structure(orders, p, m, v):
             fail(PIPELINE_HINTS, "bubble", f"{case}: simulated with forward:backward = {costs}, your order idles "
                                            f"{idle:.1%} of the step; (p-1)/(vm+p-1) = {formula:.1%}.")
     return f"{case}: deadlock-free, chunks held per rank {held}, simulated bubble {formula:.1%} = (p-1)/(vm+p-1)"
+
+
+def _torch_rank_orders(p, m, v):
+    """torch's interleaved order of every rank for (p, m, v), computed in this process by torch's own
+    ``ScheduleInterleaved1F1B._calculate_single_rank_operations`` (it reads only the four fields set here)."""
+    from types import SimpleNamespace
+
+    from torch.distributed.pipelining import ScheduleInterleaved1F1B
+
+    rounds = max(1, m // p)
+    plan = SimpleNamespace(n_local_stages=v, pp_group_size=p, _n_microbatches=m, microbatches_per_round=m // rounds)
+    return [[("F" if a.computation_type.name == "FORWARD" else "B", a.microbatch_index, a.stage_index // p)
+             for a in ScheduleInterleaved1F1B._calculate_single_rank_operations(plan, r) if a is not None]
+            for r in range(p)]
+
+
+def _compare_with_torch(orders, torch_orders, p, m, v, world=None):
+    __tracebackhide__ = True
+    for r in range(p):
+        if orders[r] != torch_orders[r]:
+            at = next(i for i, (a, b) in enumerate(zip(orders[r] + [None], torch_orders[r] + [None])) if a != b)
+            fail(PIPELINE_HINTS, "not_megatron", f"p={p}, m={m}, v={v}, rank {r}: op {at} is {orders[r][at]}, "
+                                                 f"torch's is {torch_orders[r][at]} (ops before it agree).", world)
 
 
 def _torch_order(m, v):
@@ -148,19 +178,19 @@ def check_interleaved(fn, world_sizes=(2,), timeout=60.0):
     if refused is None or "4" not in refused or "3" not in refused:
         fail(PIPELINE_HINTS, "no_divisibility_check", "fn(0, 3, 4, 2), 4 micro-batches on 3 ranks, "
                                                       f"{'raised ValueError: ' + refused if refused else 'did not raise'}.")
-    lines = [_check_structure(_orders(fn, p, m, v), p, m, v) for p, m, v in CASES]
+    lines = []
+    for p, m, v in CASES:
+        orders = _orders(fn, p, m, v)
+        lines.append(_check_structure(orders, p, m, v))
+        _compare_with_torch(orders, _torch_rank_orders(p, m, v), p, m, v)
+    lines.append(f"every case above, m = p included: your order = torch's ScheduleInterleaved1F1B's on every rank")
     for p in world_sizes:
         m, v = 2 * p, 2
         orders = _orders(fn, p, m, v)
         _check_structure(orders, p, m, v)
         ranks = launch_answer(_torch_order, (m, v), p, timeout, "torch's schedule", PIPELINE_HINTS["deadlock_torch"])
         raise_if_error(first_error(ranks), p, PIPELINE_HINTS)
-        torch_orders = ranks[0]["order"]
-        for r in range(p):
-            if orders[r] != torch_orders[r]:
-                at = next(i for i, (a, b) in enumerate(zip(orders[r] + [None], torch_orders[r] + [None])) if a != b)
-                fail(PIPELINE_HINTS, "not_megatron", f"p={p}, m={m}, v={v}, rank {r}: op {at} is {orders[r][at]}, "
-                                                     f"torch's is {torch_orders[r][at]} (ops before it agree).", p)
+        _compare_with_torch(orders, ranks[0]["order"], p, m, v, p)
         lines.append(f"on {p} ranks, m={m}, v={v}: your order = torch's ScheduleInterleaved1F1B's on every rank, "
                      f"{len(orders[0])} ops each")
     return CheckResult("interleaved_one_f_one_b", lines)
