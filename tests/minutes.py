@@ -184,15 +184,31 @@ def write(path, data):
 
 
 def record_measured(build_dir, data_path=DATA):
-    """Copy papermill's duration of each executed notebook under build_dir into the data file."""
+    """Copy papermill's duration of each executed notebook under build_dir into the data file, with the
+    date, the core count and the load average now (the machine may be shared: the seconds are upper bounds);
+    a failed notebook gets its error's last lines. A notebook still running (no duration yet) is left as it was."""
+    import datetime
+    import os
     data = load_data(data_path)
+    run = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "cores": os.cpu_count(), "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
+           "command": "make course", "notebooks": []}
     for out in sorted(Path(build_dir).glob("*/*.ipynb")):
-        meta = json.loads(out.read_text())["metadata"].get("papermill", {})
+        nb = json.loads(out.read_text())
+        meta = nb["metadata"].get("papermill", {})
         entry = data["notebooks"].setdefault(key(out), {})
-        if meta.get("duration") is not None and meta.get("exception") is not True:
+        if meta.get("exception"):
+            errors = [o for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
+            last = errors[-1] if errors else {}
+            entry.update(status="failed at full parameters", seconds=None, measured_at=meta.get("end_time"),
+                         error=f"{last.get('ename', '?')}: {last.get('evalue', '')}"[-1500:])
+        elif meta.get("duration") is not None:
             entry.update(seconds=round(meta["duration"], 1), status="ok", measured_at=meta.get("end_time"))
-        elif meta.get("exception"):
-            entry.update(status="failed", seconds=None)
+            entry.pop("error", None)
+        else:
+            continue
+        run["notebooks"].append(key(out))
+    data.setdefault("runs", []).append(run)
     Path(data_path).write_text(json.dumps(data, indent=1) + "\n")
 
 
@@ -202,7 +218,9 @@ def table(data):
     for path in notebooks():
         p, f = parts(path, data)
         t = total(p)
-        flags = ("" if f["measured"] else " est") + (" >90" if t > MAX_MINUTES else "")
+        status = data.get("notebooks", {}).get(key(path), {}).get("status", "")
+        flags = ("" if f["measured"] else " est") + (" >90" if t > MAX_MINUTES else "") + \
+            (" FAILED at full parameters" if status.startswith("failed") else "")
         print(f"{key(path):<50} {f['words']:>6} {f['lines']:>6} {f['getsource']:>3} {p['reading']:>5} {p['code']:>5} "
               f"{p['running']:>5} {p['exercises']:>5} {t:>5}{flags}")
         rows.append((key(path), t))

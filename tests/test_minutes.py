@@ -91,3 +91,26 @@ def test_parts_follow_the_stated_rules(tmp_path):
     assert minutes.stated_minutes(first) == minutes.total(p) and "reading time ~5" not in first
     minutes.write(path, data)
     assert path.read_text() == once
+
+
+def test_measured_run_times_are_copied(tmp_path):
+    """--measured: papermill's duration of a finished notebook, a failure with its error, a running one left alone."""
+    def executed(name, papermill, outputs=()):
+        path = tmp_path / "build" / "notebooks" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cells = [{"cell_type": "code", "source": "", "outputs": list(outputs)}]
+        path.write_text(json.dumps({"cells": cells, "metadata": {"papermill": papermill}}))
+    executed("a.ipynb", {"duration": 61.04, "exception": None, "end_time": "t"})
+    executed("b.ipynb", {"duration": 12.0, "exception": True, "end_time": "t"},
+             [{"output_type": "error", "ename": "AssertionError", "evalue": "ratio 1.1 < 1.5"}])
+    executed("c.ipynb", {"duration": None, "exception": None})
+    data_path = tmp_path / "run_minutes.json"
+    data_path.write_text(json.dumps({"notebooks": {"notebooks/c.ipynb": {"estimate_minutes": 3}}}))
+    minutes.record_measured(tmp_path / "build", data_path)
+    data = json.loads(data_path.read_text())
+    assert data["notebooks"]["notebooks/a.ipynb"]["seconds"] == 61.0
+    assert data["notebooks"]["notebooks/b.ipynb"]["seconds"] is None
+    assert data["notebooks"]["notebooks/b.ipynb"]["error"] == "AssertionError: ratio 1.1 < 1.5"
+    assert data["notebooks"]["notebooks/c.ipynb"] == {"estimate_minutes": 3}
+    assert data["runs"][-1]["notebooks"] == ["notebooks/a.ipynb", "notebooks/b.ipynb"]
+    assert minutes.run_minutes(Path("notebooks/c.ipynb"), data) == (3, False)
