@@ -8,9 +8,9 @@ The four parts, in minutes (each rule is the one the unit test, tests/test_minut
 
 - reading: the words of the markdown cells (whitespace-separated, formulas and links included) / 150;
 - code: the code the learner reads, at 10 lines a minute. Counted: every non-blank line of every code cell,
-  comment lines included (they are read too). NOT counted: source a cell prints with
-  ``Code(inspect.getsource(f))``; the tool cannot size it without importing the course, so it is left out
-  and the table shows how many such cells a notebook has (``src``), a known under-count;
+  comment lines included (they are read too), plus the non-blank lines of each utils function or class a
+  cell prints with ``Code(inspect.getsource(f))``, found statically with ast (see printed_source_lines; the
+  table's ``printed`` column; a name it cannot resolve is listed and not counted);
 - running: the notebook's full-parameter run time from tests/run_minutes.json (``make course``, measured on a
   shared 2-core machine: an upper bound). A notebook not measured there uses the data file's stated
   estimate, and the table flags it (``est``);
@@ -63,13 +63,65 @@ def markdown_words(nb):
     return sum(len(own.sub("", source(c)).split()) for c in nb["cells"] if c["cell_type"] == "markdown")
 
 
-def code_lines(nb):
+def cell_code_lines(nb):
     return sum(1 for c in nb["cells"] if c["cell_type"] == "code"
                for line in source(c).splitlines() if line.strip())
 
 
+def code_lines(nb):
+    """What the learner reads as code: the code cells' non-blank lines, and the utils source the cells print."""
+    return cell_code_lines(nb) + printed_source_lines(nb)[0]
+
+
 def getsource_cells(nb):
     return sum("getsource(" in source(c) for c in nb["cells"] if c["cell_type"] == "code")
+
+
+def utils_definitions():
+    """{name: [(module, non-blank lines)]} for every top-level function and class of the course's utils package,
+    read with ast (nothing is imported)."""
+    import ast
+    index = {}
+    for file in sorted((ROOT / "utils").rglob("*.py")):
+        text = file.read_text()
+        lines = text.splitlines()
+        module = ".".join(file.relative_to(ROOT).with_suffix("").parts)
+        for node in ast.parse(text).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                body = lines[start - 1:node.end_lineno]
+                index.setdefault(node.name, []).append((module, sum(1 for line in body if line.strip())))
+    return index
+
+
+def printed_source_lines(nb, index=None):
+    """(lines, unresolved): the non-blank lines of the utils functions a notebook prints with
+    ``inspect.getsource(f)``, found statically: f's module from the notebook's ``from utils.M import f``, or
+    its dotted name, or the only definition of that name in utils. A name defined in the notebook itself is
+    already counted with its cell; one that cannot be resolved is listed, not counted."""
+    index = utils_definitions() if index is None else index
+    code = "\n".join(source(c) for c in nb["cells"] if c["cell_type"] == "code")
+    imported = {}
+    for m in re.finditer(r"^\s*from\s+(utils[\w.]*)\s+import\s+(\([\w\s,]+\)|[\w ,]+)", code, re.M):
+        for name in re.split(r"[\s,]+", m.group(2).strip("() \n")):
+            if name:
+                imported[name] = m.group(1)
+    defined_here = set(re.findall(r"^\s*(?:def|class)\s+(\w+)", code, re.M))
+    total, unresolved = 0, []
+    for expr in re.findall(r"getsource\(\s*([\w.]+)\s*\)", code):
+        *prefix, name = expr.split(".")
+        if not prefix and name in defined_here:
+            continue
+        candidates = index.get(name, [])
+        if prefix:
+            candidates = [c for c in candidates if c[0].endswith(".".join(prefix))] or candidates
+        elif name in imported:
+            candidates = [c for c in candidates if c[0] == imported[name]] or candidates
+        if len(candidates) == 1:
+            total += candidates[0][1]
+        else:
+            unresolved.append(expr)
+    return total, unresolved
 
 
 def exercise_items(nb):
@@ -119,8 +171,9 @@ def parts(path, data=None, nb=None):
     running, measured = run_minutes(path, data)
     p = {"reading": markdown_words(nb) / WORDS_PER_MINUTE, "code": code_lines(nb) / LINES_PER_MINUTE,
          "running": running, "exercises": exercise_minutes(path, nb)}
-    facts = {"words": markdown_words(nb), "lines": code_lines(nb), "getsource": getsource_cells(nb),
-             "measured": measured}
+    printed, unresolved = printed_source_lines(nb)
+    facts = {"words": markdown_words(nb), "lines": cell_code_lines(nb), "printed": printed,
+             "unresolved": unresolved, "measured": measured}
     return {k: round(v, 1) for k, v in p.items()}, facts
 
 
@@ -214,14 +267,15 @@ def record_measured(build_dir, data_path=DATA):
 
 def table(data):
     rows = []
-    print(f"{'notebook':<50} {'words':>6} {'lines':>6} {'src':>3} {'read':>5} {'code':>5} {'run':>5} {'ex':>5} {'total':>5}")
+    print(f"{'notebook':<50} {'words':>6} {'lines':>6} {'printed':>7} {'read':>5} {'code':>5} {'run':>5} {'ex':>5} {'total':>5}")
     for path in notebooks():
         p, f = parts(path, data)
         t = total(p)
         status = data.get("notebooks", {}).get(key(path), {}).get("status", "")
         flags = ("" if f["measured"] else " est") + (" >90" if t > MAX_MINUTES else "") + \
-            (" FAILED at full parameters" if status.startswith("failed") else "")
-        print(f"{key(path):<50} {f['words']:>6} {f['lines']:>6} {f['getsource']:>3} {p['reading']:>5} {p['code']:>5} "
+            (" FAILED at full parameters" if status.startswith("failed") else "") + \
+            (f" unresolved getsource: {', '.join(f['unresolved'])}" if f["unresolved"] else "")
+        print(f"{key(path):<50} {f['words']:>6} {f['lines']:>6} {f['printed']:>7} {p['reading']:>5} {p['code']:>5} "
               f"{p['running']:>5} {p['exercises']:>5} {t:>5}{flags}")
         rows.append((key(path), t))
     over = [k for k, t in rows if t > MAX_MINUTES]

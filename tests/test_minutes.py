@@ -79,7 +79,7 @@ def test_parts_follow_the_stated_rules(tmp_path):
     data = {"notebooks": {"notebooks/99_x.ipynb": {"seconds": 120}}}
     p, facts = minutes.parts(path, data)
     words = sum(len(c["source"].split()) for c in cells if c["cell_type"] == "markdown")
-    assert facts["words"] == words and facts["lines"] == 3
+    assert facts["words"] == words and facts["lines"] == 3 and facts["printed"] == 0
     assert p == {"reading": round(words / 150, 1), "code": 0.3, "running": 2.0, "exercises": 20}
     assert minutes.total(p) == 5 * math.ceil(sum(p.values()) / 5)
     # --write: metadata and the first cell, the old reading time gone, and a second write changes nothing
@@ -114,3 +114,18 @@ def test_measured_run_times_are_copied(tmp_path):
     assert data["notebooks"]["notebooks/c.ipynb"] == {"estimate_minutes": 3}
     assert data["runs"][-1]["notebooks"] == ["notebooks/a.ipynb", "notebooks/b.ipynb"]
     assert minutes.run_minutes(Path("notebooks/c.ipynb"), data) == (3, False)
+
+
+def test_printed_source_is_counted():
+    """Every `inspect.getsource(f)` of a notebook is sized (else the code part under-counts it), and the count
+    is f's non-blank lines in utils: checked on one name against the file itself."""
+    index = minutes.utils_definitions()
+    unresolved = {minutes.key(p): minutes.printed_source_lines(json.loads(p.read_text()), index)[1] for p in NOTEBOOKS}
+    assert not any(unresolved.values()), f"getsource of names the tool cannot find in utils: {unresolved}"
+    nb = {"cells": [{"cell_type": "code", "source": "from utils.parallelize3d import (build,\n    train)\n"
+                     "Code(inspect.getsource(train))\n"}]}
+    text = (minutes.ROOT / "utils" / "parallelize3d.py").read_text().splitlines()
+    start = next(i for i, line in enumerate(text) if line.startswith("def train("))
+    end = next((i for i in range(start + 1, len(text)) if text[i] and not text[i][0].isspace()), len(text))
+    body = [line for line in text[start:end] if line.strip()]
+    assert minutes.printed_source_lines(nb, index) == (len(body), [])
