@@ -23,6 +23,7 @@ The total is the sum, rounded up to a multiple of 5. A repository hook wants it 
 """
 
 import argparse
+import functools
 import json
 import math
 import re
@@ -77,6 +78,7 @@ def getsource_cells(nb):
     return sum("getsource(" in source(c) for c in nb["cells"] if c["cell_type"] == "code")
 
 
+@functools.lru_cache(maxsize=None)
 def utils_definitions():
     """{name: [(module, non-blank lines)]} for every top-level function and class of the course's utils package,
     read with ast (nothing is imported)."""
