@@ -213,7 +213,7 @@ def restate(first, minutes, p):
     # 3. the new paragraph, before the one that says what the learner needs (else at the end)
     line = time_paragraph(minutes, p)
     paragraphs = re.split(r"\n\s*\n", new.strip("\n"))
-    at = next((i for i, s in enumerate(paragraphs) if re.search(r"\*\*(You need|Run time|run time)\*\*", s)),
+    at = next((i for i, s in enumerate(paragraphs) if re.search(r"\*\*(What you need|You need|Run time|run time|Estimated time)\*\*", s)),
               len(paragraphs))
     paragraphs.insert(at, line)
     new = "\n\n".join(paragraphs) + ("\n" if first.endswith("\n") else "")
