@@ -82,6 +82,10 @@ course: setup  ## every notebook with its full parameters, into build/course/, t
 bench: setup  ## launch-time benchmark of run_ranks (not a test: it only measures)
 	$(BIN)/python tests/benchmarks/bench_launch.py
 
+.PHONY: minutes
+minutes:  ## each notebook's minutes (reading, code, running, exercises; tests/minutes.py); MINUTES_ARGS=--write stores them
+	$(PYTHON) tests/minutes.py $(MINUTES_ARGS)
+
 .PHONY: test-matrix
 test-matrix: setup  ## every notebook at every WORLD_SIZE from 1 to 6 it supports (metadata.course.world_sizes; long)
 	$(BIN)/python -m pytest -m notebook --world-sizes=1,2,3,4,5,6 $(PYTEST_ARGS)
