@@ -12,12 +12,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import minutes  # noqa: E402
 
-# Over the repository hook's 90 minutes when this test was written (computed, not yet written into the
-# notebooks); the lead decides which to split. Reported, not failed, until then.
+# Over one 90-minute sitting as the notebooks stand (issue 23 asks that each be split into parts that each teach
+# one thing, as lessons 07 and 08 were): listed so that the suite stays green while the splits are done, and
+# kept true both ways by test_known_over_90_are_reported. Shrink it; never grow it without a plan to split.
 KNOWN_OVER_90 = {
     "notebooks/01_collectives.ipynb", "notebooks/02_data_parallelism.ipynb", "notebooks/04_sharding_in_pytorch.ipynb",
-    "notebooks/05_model_parallelism.ipynb", "notebooks/06_pipeline_parallelism.ipynb", "notebooks/07_deepspeed.ipynb",
-    "notebooks/08_lightning_at_scale.ipynb", "notebooks/09_3d_parallelism.ipynb",
+    "notebooks/05_model_parallelism.ipynb", "notebooks/06_pipeline_parallelism.ipynb",
+    "notebooks/07a_deepspeed_zero.ipynb", "notebooks/09_3d_parallelism.ipynb",
     "notebooks/11_failures_hangs_and_profiles.ipynb", "notebooks/12_parallelism_as_graph_transformation.ipynb",
     "notebooks/13_other_frameworks.ipynb", "labs/01_halving_doubling_lab.ipynb", "labs/03_zero_lab.ipynb",
     "labs/11_hang_debugging_lab.ipynb",
@@ -30,8 +31,8 @@ NOTEBOOKS = minutes.notebooks()
 def test_stated_minutes_are_computed(path):
     nb = json.loads(path.read_text())
     course = nb["metadata"].get("course", {})
-    if "minutes" not in course:
-        pytest.skip(f"{minutes.key(path)} has no metadata.course.minutes yet: run `python tests/minutes.py --write`")
+    assert "minutes" in course, (f"{minutes.key(path)} has no metadata.course.minutes: run "
+                                 "`python tests/minutes.py --write` (after `make course` and --measured for a new notebook)")
     p, _ = minutes.parts(path, DATA)
     expected = minutes.total(p)
     assert course["minutes"] == expected, (
