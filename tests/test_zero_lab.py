@@ -143,6 +143,24 @@ class KeepsFullGrads(BucketedZeRO2):
                 q.grad = None  # so that the next backward is right: only the memory during backward is wrong
 
 
+class KeepsPaddedCopies(BucketedZeRO2):
+    """Frees p.grad on time, but keeps each bucket's padded flat gradient in self: DDP's 4Ψ bytes under another name.
+
+    The full gradients (p.grad) are never alive longer than the reference's: only a count of every tensor tells."""
+
+    def _grad_ready(self, p):
+        i = _completed_bucket(self, p)
+        if i is None:
+            return
+        self.flats = getattr(self, "flats", {})
+        self.flats[i] = _padded_flat_grad(self, i)  # (chunk * n,), kept "for later"
+        for q in self.buckets[i]:
+            q.grad = None
+        shard = self.flats[i].new_empty(self.chunks[i])
+        compat.reduce_scatter_single(shard, self.flats[i])
+        self.grad_shards[i] = shard.div_(self.n)
+
+
 class OneBucket(BucketedZeRO2):
     """bucket_numel ignored: everything in one bucket, reduced when backward is nearly over."""
 
@@ -249,6 +267,7 @@ def test_reference_passes_at_every_world_size():
         assert psi == 9_034 and m["buckets"] == [778, 4_096, 64, 4_096] and m["reduce_scatters"] == 4
         assert m["state_bytes"] == 8 * sum(chunks) < 8 * (psi / n + len(chunks))  # 8Ψ/n, rounded up for padding
         assert m["grad_shard_bytes"] == 4 * sum(chunks)
+        assert m["held_bytes"] == 16 * sum(chunks)  # every tensor kept: parameter, gradient and m, v chunks, no more
         assert m["peak_grad_bytes"] <= 4 * (778 + 4_096) < 4 * psi  # never the full gradient
         assert m["wire_bytes"] == pytest.approx(2 * (n - 1) / n * 4 * n * sum(chunks))  # 2Ψ(n-1)/n values + padding
     assert "-> reduce_scatter_single" in result.timeline
@@ -259,6 +278,7 @@ def test_reference_passes_at_every_world_size():
     (ReduceInStep, (2,), "after_backward", "not in step()"),
     (ReduceAtLastGradient, (2,), "late", "as soon as its last gradient"),
     (KeepsFullGrads, (2,), "full_grads_kept", "q.grad = None"),
+    (KeepsPaddedCopies, (2,), "held_too_much", "padded flat gradient"),
     (OneBucket, (2,), "bucket_size", "bucket_numel you are given"),
     (HardCodedBucket, (2,), "bucket_size", "bucket_numel=5,000"),
     (FullAdamState, (2,), "state_not_sharded", "chunk of each bucket only"),

@@ -17,7 +17,9 @@ learner has issued so far and how many bytes of full gradients (``p.grad``) are 
   payload; after backward, only all-gathers of the padded parameters; no all-reduce anywhere;
 - **memory**: the full gradients of a bucket are gone once it is reduced (at most the open buckets'
   gradients are alive, none after backward); gradient chunks and Adam's state are 4 and 8 bytes x
-  the rank's padded chunks, sum over buckets of ceil(numel / n), about Ψ/n numbers (DDP: Ψ);
+  the rank's padded chunks, sum over buckets of ceil(numel / n), about Ψ/n numbers (DDP: Ψ); and
+  every tensor the answer keeps after its first step, not only ``p.grad``, fits 16 bytes x those
+  chunks (parameter, gradient, m and v chunks: ``zero_memory``), so no padded flat copy is kept;
 - **values**: the gradient chunks equal DDP's mean gradient cut the same way (a missing division by
   n shows here, Adam would hide it), the first step moves each parameter by ``lr`` (Adam's first
   step is +-lr: an ignored ``lr`` shows), and after a few steps the parameters equal plain DDP's;
@@ -36,6 +38,7 @@ from ..launch import rank_device
 from ..ledger import CommLedger
 from ..models import ToyNet
 from .common import GRAD_TOL, WEIGHT_TOL, CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error
+from .zero_memory import HELD_HINT, added_bytes, held_tensors, judge_held
 
 CHECK_LR = 3e-3  # not utils.adam.LR nor adam_update's default: an lr that is ignored shows
 REDUCE_SCATTER = ("reduce_scatter_single", "reduce_scatter_tensor", "reduce_scatter")  # one collective, 3 names
@@ -63,6 +66,7 @@ ZERO_HINTS = {
              "included): no broadcast, no second reduction.",
     "full_grads_kept": "set q.grad = None for every parameter q of a bucket once its flat copy is made: ZeRO-2 keeps "
                        "only the reduce-scattered chunk, so the full gradients must not outlive their bucket.",
+    "held_too_much": HELD_HINT,
     "grad_shard_shape": "self.grad_shards[i] must be this rank's chunk of bucket i's mean gradient: chunk = "
                         "ceil(numel / n) numbers (padding included), the output of the reduce-scatter.",
     "not_divided": "the reduce-scatter SUMS the gradients: divide the chunk by dist.get_world_size() to get the mean. "
@@ -160,8 +164,10 @@ def _one_case(cls, model, ref, x, y, batches, bucket_numel, lr, steps):
 
     for i, p in enumerate(params):
         p.register_post_accumulate_grad_hook(lambda p, i=i: seen(i))
-    answer = cls(params, bucket_numel, lr)
     ref_flat, ref_state, steps_out = _flat(ref_params), {}, []
+    baseline = held_tensors(params[0].device)  # every tensor held before the answer exists
+    answer = cls(params, bucket_numel, lr)
+    held = None
     for step in range(steps):
         mine = batches[step].view(n, -1)[rank]  # this rank's shard of the global batch
         probe["events"] = []
@@ -174,6 +180,8 @@ def _one_case(cls, model, ref, x, y, batches, bucket_numel, lr, steps):
             shards = [g.detach().clone() if torch.is_tensor(g) else None for g in answer.grad_shards]
             answer.step()
         probe["ledger"] = None
+        if held is None:  # what the answer holds after its first step: the checker's own copies left out
+            held, baseline = added_bytes(baseline, params[0].device, [before, *shards]), None
         ref.zero_grad()  # plain DDP, outside the ledger: all-reduce, divide, Adam on everything
         F.cross_entropy(ref(x[mine]), y[mine]).backward()
         mean = torch.cat([p.grad.reshape(-1) for p in ref_params])
@@ -189,7 +197,7 @@ def _one_case(cls, model, ref, x, y, batches, bucket_numel, lr, steps):
     tensors = {id(t): t for s in answer.states for t in s.values() if torch.is_tensor(t)} if isinstance(
         answer.states, list) else {}
     return {"steps": steps_out, "final": _flat(params), "ref": ref_flat.clone(), "sizes": [p.numel() for p in params],
-            "state_bytes": sum(t.nbytes for t in tensors.values()),
+            "state_bytes": sum(t.nbytes for t in tensors.values()), "held_bytes": held,
             "state_steps": [s.get("step") for s in answer.states] if isinstance(answer.states, list) else []}
 
 
@@ -271,6 +279,7 @@ def _judge_memory(case, buckets, chunks, n, label):
     if state > own:
         fail(ZERO_HINTS, "state_not_sharded", f"{label}: a rank holds {state:,} bytes of Adam state, more than 8 bytes "
              f"x its chunks ({own:,}).", n)
+    judge_held(ZERO_HINTS, case["held_bytes"], chunks, n, label)  # every tensor kept, not only p.grad and the state
 
 
 def _judge_values(ranks, bucket_numel, buckets, chunks, n, lr, label):
@@ -360,12 +369,14 @@ def check_bucketed_zero2(cls, make_buckets, world_sizes=(2, 3), bucket_numels=(1
                  "peak_grad_bytes": max(e[2] for r in ranks for e in r[bucket_numel]["steps"][0]["events"]),
                  "grad_shard_bytes": sum(g.nbytes for g in case["steps"][0]["shards"]),
                  "state_bytes": max(r[bucket_numel]["state_bytes"] for r in ranks),
+                 "held_bytes": max(r[bucket_numel]["held_bytes"] for r in ranks),
                  "wire_bytes": max(sum(w for _, _, w in r[bucket_numel]["steps"][0]["records"]) for r in ranks),
                  "max_diff": diff}
             measured[n, bucket_numel] = m
             timeline = timeline or f"rank 0, world_size={n}, {label}, first step:\n" + _timeline(case, buckets)
             lines.append(f"world_size={n}, {label}: {len(buckets)} reduce-scatters during backward, each right "
                          f"after its bucket's last gradient; full gradients alive at most {m['peak_grad_bytes']:,} B "
-                         f"(DDP: 4Ψ = {4 * m['psi']:,}); Adam state {m['state_bytes']:,} B per rank; sent "
+                         f"(DDP: 4Ψ = {4 * m['psi']:,}); Adam state {m['state_bytes']:,} B, all tensors kept "
+                         f"{m['held_bytes']:,} B per rank; sent "
                          f"{m['wire_bytes']:,.0f} B; params = DDP's after {steps} steps (max diff {diff:.1e})")
     return ZeroCheckResult(cls.__name__, lines, measured, timeline)
