@@ -39,6 +39,8 @@ Each module holds one idea and names the notebook that derives it:
 - ``utils.planner`` (``shapes``, ``costs``, ``estimate``): memory per rank, bytes per mesh dimension, bubble, step time and MFU of a 3-D plan,
   validated against lesson 09's measurements and published figures; ``best_plans`` (notebook 09, lab 09).
 - ``utils.planner_widget``: ipywidgets controls for the planner (notebook 09).
+- ``utils.mfu``: model FLOPs utilisation on one rank: a measured matmul peak, and a bf16 compiled Llama's MFU with
+  the planner's FLOPs (notebook 09).
 - ``utils.memory_widget``: the ZeRO memory calculator's controls around lesson 03's text function (notebook 03).
 - ``utils.pipeline_widget``: the pipeline schedule explorer's controls around lesson 06's figure function (notebook 06).
 - ``utils.lesson_training``: the training loops of lessons 02 (DDP), 04 (FSDP2) and 06 (pipeline) as functions their
