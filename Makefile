@@ -83,8 +83,8 @@ bench: setup  ## launch-time benchmark of run_ranks (not a test: it only measure
 	$(BIN)/python tests/benchmarks/bench_launch.py
 
 .PHONY: minutes
-minutes:  ## each notebook's minutes (reading, code, running, exercises; tests/minutes.py); MINUTES_ARGS=--write stores them
-	$(PYTHON) tests/minutes.py $(MINUTES_ARGS)
+minutes: setup  ## each notebook's minutes (reading, code, running, exercises; tests/minutes.py); MINUTES_ARGS=--write stores them
+	$(BIN)/python tests/minutes.py $(MINUTES_ARGS)
 
 .PHONY: test-matrix
 test-matrix: setup  ## every notebook at every WORLD_SIZE from 1 to 6 it supports (metadata.course.world_sizes; long)
