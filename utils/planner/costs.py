@@ -160,7 +160,7 @@ def flops_per_token(model: ModelShape, checkpointing: str = "none") -> tuple[flo
     step (lessons 08 and 09 take theirs from here). Model: 6 x (matrix parameters, the head included, the
     embedding lookup not) + 12 L h s for attention, the scores QK^T and their weighted sum of the values, 2 s h
     each per layer forward: PaLM's count (Chowdhery et al. 2022, appendix B, 6N + 12 L H Q T; Kaplan et al. 2020,
-    Table 1, count the scores alone, half of it), i.e. Korthikanti et al. 2022's
+    Table 1, row "Attention: Mask", count one of the two matmuls' worth, half of it), i.e. Korthikanti et al. 2022's
     72 B s L h^2 (1 + s/6h + V/12hL) per step for GPT. Hardware adds what recompute runs again: the layers'
     forward with full recompute (Narayanan et al. 2021, Eq. (3): 96 B s l h^2 (1 + s/6h + V/16lh)), the
     attention-score forward 4 L h s with selective recompute."""
