@@ -51,7 +51,7 @@ def test_reference_passes(world_sizes):
 
 def variant(gather=False, pad=False, local_max=False, no_max=False, unmasked=False, in_place=False,
             backward_all_reduce=False, ignore_grad=False, no_one_hot=False, mean=False, one_gradient=False,
-            owner_only=False, log_of_softmax=False):
+            owner_only=False, log_of_softmax=False, mask_edge=None):
     """The reference with one mistake switched on."""
 
     class Answer(torch.autograd.Function):
@@ -86,6 +86,10 @@ def variant(gather=False, pad=False, local_max=False, no_max=False, unmasked=Fal
             else:
                 shifted = logits - top.unsqueeze(-1)
             mine = (target >= start) & (target < start + width)
+            if mask_edge == "first_left_out":
+                mine = (target > start) & (target < start + width)
+            elif mask_edge == "next_let_in":
+                mine = (target >= start) & (target <= start + width)
             local = (target - start).clamp(0, width - 1)
             picked = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1)
             picked = picked if unmasked else picked * mine
@@ -135,6 +139,13 @@ def variant(gather=False, pad=False, local_max=False, no_max=False, unmasked=Fal
 def test_rejects(flag, mistake, phrase, world_sizes):
     expect_rejection(check_vocab_parallel_cross_entropy, variant(**{flag: True}), world_sizes=world_sizes,
                      mistake=mistake, phrase=phrase)
+
+
+@pytest.mark.parametrize("edge", ["first_left_out", "next_let_in"])
+def test_rejects_a_mask_off_by_one_at_a_block_edge(edge):
+    """A boundary kind: the owner's mask wrong only for a target that is the first (or the next block's first) word."""
+    expect_rejection(check_vocab_parallel_cross_entropy, variant(mask_edge=edge), world_sizes=(2,),
+                     mistake="mask_edges", phrase="off by one")
 
 
 def test_a_collective_only_one_rank_calls_is_a_deadlock():

@@ -16,7 +16,8 @@ It checks the *technique*, not only the numbers, because a wrong technique reach
   the same max), *spread* (rank r's block is 4r higher: a per-rank max no longer adds up),
   *large* (logits near 200: exp overflows float32 unless the max is subtracted) and *apart* (each
   target's logit 120 below the others: exp(x_target - M) underflows to 0 in float32, so a formula
-  that takes the log of the target's softmax gives inf where log-sum-exp minus the logit does not). The loss and
+  that takes the log of the target's softmax gives inf where log-sum-exp minus the logit does not). In every case
+  some targets are the first word of a block and some the last, so an owner's mask off by one at an edge shows. The loss and
   the logit gradient are compared with ``F.cross_entropy`` on the whole vocabulary, with the
   tokens weighted in backward (so a backward that ignores its ``grad`` argument shows);
 - **the caller's tensor** is left as it was.
@@ -59,6 +60,9 @@ TP_HINTS = {
                            "always 1 (the checker weights the tokens): multiply your gradient by grad.unsqueeze(-1).",
     "no_one_hot": "the gradient of -x_target is -1 at the target word: subtract 1 at the target's column, on the rank "
                   "that holds it only (softmax - one-hot).",
+    "mask_edges": "rank r holds words start = r*v/t up to start + v/t, the first included, the last excluded: "
+                  "mine = (target >= start) & (target < start + v/t). Your mask is off by one at an edge of the "
+                  "block, so a target that is the first or the last word of a block is counted twice or not at all.",
     "wrong_values": "follow the three steps: M = the max over the vocabulary; picked = x_target - M, from the rank "
                     "that holds the target; loss = log(sum over the vocabulary of exp(x - M)) - picked.",
     "wrong_grad": "the gradient of a token's loss with respect to its logits is softmax(x) - one_hot(target), on this "
@@ -83,12 +87,14 @@ def make_case(case, world_size, tokens=TOKENS, width=WIDTH):
     logits = torch.randn(tokens, vocab, generator=gen).clamp(-3, 3)
     owner = torch.arange(vocab) // width  # the rank that holds each word
     if case == "tame":
-        logits[:, owner.diff(prepend=torch.tensor([-1])) != 0] = 4.0  # every block's max is 4: local max = global
+        logits[:, torch.arange(vocab) % width == width // 2] = 4.0  # every block's max is 4: local max = global
     elif case == "spread":
         logits += 4.0 * owner  # rank r's block 4r higher
     elif case == "large":
         logits += 200.0
-    target = (torch.arange(tokens) % world_size) * width + torch.randint(0, width, (tokens,), generator=gen)
+    column = torch.randint(0, width, (tokens,), generator=gen)  # the target's column in its owner's block
+    column[:world_size], column[world_size:2 * world_size] = 0, width - 1  # each block's first and last word
+    target = (torch.arange(tokens) % world_size) * width + column
     if case == "apart":  # exp(-123) underflows float32 (its smallest is about exp(-103)): the log of 0 is -inf
         logits[torch.arange(tokens), target] -= 120.0
     weights = torch.arange(1.0, tokens + 1) / tokens  # d(total)/d(loss of each token): not all 1
@@ -144,6 +150,20 @@ def _unmasked(logits, target, n):
     return lse - picked, lse - top - (picked - n * top)
 
 
+def _edge_masked(logits, target, n):
+    """What an answer whose owner's mask is off by one at a block's edge computes: the first word of each block
+    left out (target > start), or the next block's first word let in (target <= start + v/t, clamped)."""
+    top, lse = logits.max(-1).values, torch.logsumexp(logits, -1)
+    starts = torch.arange(n)[:, None] * WIDTH
+    out = []
+    for mine in ((target > starts) & (target < starts + WIDTH), (target >= starts) & (target <= starts + WIDTH)):
+        local = (target - starts).clamp(0, WIDTH - 1)
+        picked = torch.stack([logits[:, r * WIDTH:(r + 1) * WIDTH].gather(-1, local[r, :, None]).squeeze(-1)
+                              for r in range(n)])
+        out.append(lse - top - ((picked - top) * mine).sum(0))
+    return out
+
+
 def _judge_values(case, rank, r, n):
     __tracebackhide__ = True
     logits, target, weights = make_case(case, n)
@@ -161,6 +181,7 @@ def _judge_values(case, rank, r, n):
                                         f"wrong when they differ: {loss[:3].tolist()} ..., expected "
                                         f"{want[:3].tolist()} ...", n)
         mistake = "target_not_masked" if any(close(loss, u, GRAD_TOL) for u in _unmasked(logits, target, n)) \
+            else "mask_edges" if any(close(loss, u, GRAD_TOL) for u in _edge_masked(logits, target, n)) \
             else "wrong_values"
         fail(TP_HINTS, mistake, f"{told}: loss {loss[:3].tolist()} ..., expected {want[:3].tolist()} ... (max |diff| "
                                 f"{(loss - want).abs().max():.2e}).", n)
