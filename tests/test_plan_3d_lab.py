@@ -24,7 +24,7 @@ from solutions.plan_3d import choose_plan, divisors  # noqa: E402
 
 
 def _search(model, cluster, n_gpus, global_batch, precision, cap, *, zero_stages=(0, 1, 2, 3), ckpts=CHECKPOINTING,
-            chunks=(1, 2), tps=None, pps=None, keep=lambda plan: True, under=lambda total, cap: total <= cap,
+            chunks=(1, 2), mbs=(1, 2, 4), tps=None, pps=None, keep=lambda plan: True, under=lambda total, cap: total <= cap,
             catch=True):
     """The reference's loops, with knobs that plant each mistake."""
     best = None
@@ -32,7 +32,7 @@ def _search(model, cluster, n_gpus, global_batch, precision, cap, *, zero_stages
         for pp in pps or divisors(n_gpus // tp):
             for zero in zero_stages:
                 for v in (c for c in chunks if c == 1 or pp > 1):
-                    for mb in (1, 2, 4):
+                    for mb in mbs:
                         for ckpt in ckpts:
                             if catch:
                                 try:
@@ -65,6 +65,7 @@ no_recompute = planted(ckpts=("none",))
 no_interleaving = planted(chunks=(1,))
 no_tp = planted(tps=[1])
 no_pipeline = planted(pps=[1])
+no_small_micro_batches = planted(mbs=(2, 4))  # "larger micro-batches fill the GPU": m shrinks, the bubble grows
 # kind: a named mistake whose symptom several mistakes share
 fsdp_and_full_recompute = planted(zero_stages=(3,), ckpts=("full",))
 # kind: boundary sizes
@@ -119,6 +120,7 @@ def test_reference_passes():
     (no_interleaving, "v", "interleaved"),
     (no_tp, "mesh", "every tp dividing"),
     (no_pipeline, "mesh", "every pp dividing"),
+    (no_small_micro_batches, "micro_batch", "try every micro_batch"),
     (fsdp_and_full_recompute, "checkpointing", "with your checkpointing held"),  # ZeRO-3 costs nothing at dp=1
     (strict_cap, "cap_strict", "fills the cap exactly"),
     (uncaught, "divisibility", "try/except ValueError"),
@@ -173,3 +175,15 @@ def test_run_rejects_a_mesh_of_the_wrong_size_before_launching():
 def test_run_of_the_reference_plan():
     result = check_plan_run(choose_plan, 2, steps=1)
     assert "gradients equal" in str(result) and "rank 1 (stage 1)" in str(result) and "1F1B" in str(result), result
+
+
+def test_micro_batch_one_is_the_optimum_of_every_job():
+    """Why no planted answer is a search that keeps micro_batch at 1: that search is right on every job. The planner
+    prices no per-kernel efficiency or per-message latency that a larger micro-batch would win back, so at equal
+    other knobs a micro-batch of 1 has the smaller bubble and activations; it loses only where ZeRO-3 without a
+    pipeline gathers the weights once per micro-batch, and no job's optimum is such a plan. If a job or the planner
+    changes so that one is, this test fails, and a planted 'micro_batch = 1 only' answer belongs in the list above."""
+    for job, model, cluster, n_gpus, batch, precision, cap in CASES:
+        best = plan_3d.optimum(model, cluster, n_gpus, batch, precision, cap)[1]
+        assert best.micro_batch == 1, f"{job}: the fastest plan uses micro_batch={best.micro_batch}: {best}"
+    check_choose_plan(planted(mbs=(1,)))  # passes, as it should
