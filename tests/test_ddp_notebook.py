@@ -1,4 +1,4 @@
-"""utils.ddp_notebook: Lightning's ``ddp_notebook`` ranks forked from a fresh process, never from the caller,
+"""utils.lightning.ddp_notebook: Lightning's ``ddp_notebook`` ranks forked from a fresh process, never from the caller,
 and what ``ddp_notebook`` hands back to its caller copied into the caller's trainer and model."""
 
 import json
@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from utils.ddp_notebook import fit_on_forked_ranks
+from utils.lightning.ddp_notebook import fit_on_forked_ranks
 
 
 class Tiny(L.LightningModule):

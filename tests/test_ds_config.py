@@ -1,4 +1,4 @@
-"""The DeepSpeed config checker (utils/ds_config.py, notebook 07a): the config a popular DeepSpeed tutorial gives, hidden
+"""The DeepSpeed config checker (utils/deepspeed/config.py, notebook 07a): the config a popular DeepSpeed tutorial gives, hidden
 misspellings at every level, a clean config, duplicates in a JSON file, contradictions."""
 
 import json
@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("deepspeed")
 
-from utils.ds_config import Finding, check_config, deepspeed_schema, load_config, report
+from utils.deepspeed.config import Finding, check_config, deepspeed_schema, load_config, report
 
 # The second config of the DeepSpeed tutorial that lesson 07 quotes, copied as written.
 TUTORIAL_CONFIG = """

@@ -1,10 +1,10 @@
-"""utils.ds_training: lesson 07's shared ZeRO config, model and batches (notebooks 07a and 07b)."""
+"""utils.deepspeed.training: lesson 07's shared ZeRO config, model and batches (notebooks 07a and 07b)."""
 
 import pytest
 import torch
 
 from utils import run_ranks
-from utils.ds_training import MICRO, batch, make_model, zero_config
+from utils.deepspeed.training import MICRO, batch, make_model, zero_config
 
 
 def test_zero_config_sizes_buckets_from_psi_and_refuses_bad_arguments():

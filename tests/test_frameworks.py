@@ -46,7 +46,7 @@ TOL = dict(rtol=1e-4, atol=1e-6)  # float32, another framework's kernels (the no
 
 def test_tf_toynet_matches_torch_forward_and_gradient():
     tf = pytest.importorskip("tensorflow", reason="TensorFlow is in the optional [frameworks] extra: `make frameworks`")
-    from utils.tf_toynet import TRAINABLE, TFToyNet, single_device_step
+    from utils.frameworks.tf_toynet import TRAINABLE, TFToyNet, single_device_step
 
     model, x, y = _state_and_batch()
     assert [n for n, p in model.named_parameters() if p.requires_grad] == TRAINABLE
@@ -62,7 +62,7 @@ def test_tf_toynet_matches_torch_forward_and_gradient():
 
 def test_dp_step_on_one_replica_is_the_single_device_step():
     tf = pytest.importorskip("tensorflow", reason="TensorFlow is in the optional [frameworks] extra: `make frameworks`")
-    from utils.tf_toynet import TFToyNet, dp_step, single_device_step
+    from utils.frameworks.tf_toynet import TFToyNet, dp_step, single_device_step
 
     model, x, y = _state_and_batch()
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")  # one replica: the step's code path, no second device needed

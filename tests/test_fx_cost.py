@@ -1,4 +1,4 @@
-"""utils.fx_cost (lesson 12): the cost pass against hand counts, the linear partition against brute force."""
+"""utils.fx.cost (lesson 12): the cost pass against hand counts, the linear partition against brute force."""
 
 import itertools
 import random
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import fx, nn
 
-from utils.fx_cost import (annotate_costs, balanced_split, even_split, imbalance, split_stages, stage_times,
+from utils.fx.cost import (annotate_costs, balanced_split, even_split, imbalance, split_stages, stage_times,
                            unit_costs, unit_of)
 
 

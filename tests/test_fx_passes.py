@@ -1,4 +1,4 @@
-"""utils.fx_passes (lesson 12): Megatron's MLP split as a graph rewrite, equal to the unsplit model on 2 ranks."""
+"""utils.fx.passes (lesson 12): Megatron's MLP split as a graph rewrite, equal to the unsplit model on 2 ranks."""
 
 import copy
 
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 import utils
-from utils.fx_passes import find_mlp_pairs, tensor_parallel_mlp
+from utils.fx.passes import find_mlp_pairs, tensor_parallel_mlp
 
 
 class Model(nn.Module):

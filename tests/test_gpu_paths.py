@@ -1,4 +1,4 @@
-"""The CUDA paths of the lesson scripts and of utils.deepspeed_cpu, checked on a machine without a GPU.
+"""The CUDA paths of the lesson scripts and of utils.deepspeed.cpu, checked on a machine without a GPU.
 
 Two failures seen on a 1-GPU machine (issue 12), each faked here at the point where it happened:
 

@@ -1,14 +1,14 @@
-"""Unit tests of the modules lessons 07 and 08 moved out of their notebooks: utils.speedups,
-utils.gpt_benchmark, utils.compile_check and utils.ds_partitions."""
+"""Unit tests of the modules lessons 07 and 08 moved out of their notebooks: utils.lightning.speedups,
+utils.lightning.gpt_benchmark, utils.lightning.compile_check and utils.deepspeed.partitions."""
 
 import time
 
 import pytest
 import torch
 
-from utils.gpt_benchmark import GPT, gpt_shape, gpt_tokens_per_second, mfu
+from utils.lightning.gpt_benchmark import GPT, gpt_shape, gpt_tokens_per_second, mfu
 from utils.planner import ModelShape, flops_per_token
-from utils.speedups import best_seconds, one_thread
+from utils.lightning.speedups import best_seconds, one_thread
 
 
 def test_best_seconds_keeps_the_minimum_of_each():
@@ -57,8 +57,8 @@ def test_gpt_benchmark_refuses_bad_arguments():
 
 
 def test_compile_check_and_partitions_refuse_bad_arguments():
-    from utils.compile_check import compile_check
-    from utils.ds_partitions import ds_partition_bytes, ds_tensors
+    from utils.lightning.compile_check import compile_check
+    from utils.deepspeed.partitions import ds_partition_bytes, ds_tensors
 
     with pytest.raises(ValueError, match="order"):
         compile_check("compile(m)", torch.zeros(4, 64), torch.zeros(4, dtype=torch.long))
@@ -69,7 +69,7 @@ def test_compile_check_and_partitions_refuse_bad_arguments():
 
 
 def test_saved_bytes_counts_each_storage_once_and_excludes():
-    from utils.activation_memory import saved_bytes
+    from utils.sharding.activation_memory import saved_bytes
 
     w = torch.randn(8, 8, requires_grad=True)
     x = torch.randn(4, 8, requires_grad=True)  # both operands need grad: mm saves both

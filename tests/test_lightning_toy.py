@@ -1,4 +1,4 @@
-"""utils.lightning_toy: lesson 08's LightningModule is importable by name, and says what is wrong at once."""
+"""utils.lightning.toy: lesson 08's LightningModule is importable by name, and says what is wrong at once."""
 
 import logging
 import pickle
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from utils.lightning_toy import GLOBAL_BATCH, LitToy, digits_in_order, make_model, quiet_lightning
+from utils.lightning.toy import GLOBAL_BATCH, LitToy, digits_in_order, make_model, quiet_lightning
 
 
 def test_littoy_travels_by_name():
@@ -15,7 +15,7 @@ def test_littoy_travels_by_name():
     x, y = digits_in_order()
     model = LitToy(TensorDataset(x[:GLOBAL_BATCH], y[:GLOBAL_BATCH]))
     blob = pickle.dumps(model)
-    assert b"utils.lightning_toy" in blob and b"__main__" not in blob
+    assert b"utils.lightning.toy" in blob and b"__main__" not in blob
     copy = pickle.loads(blob)
     torch.testing.assert_close(copy.net.state_dict(), model.net.state_dict(), rtol=0, atol=0)
 

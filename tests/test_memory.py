@@ -1,11 +1,12 @@
-"""utils.memory: the ZeRO formulas and the byte counts notebook 03 puts beside them."""
+"""utils.sharding.memory: the ZeRO formulas and the byte counts notebook 03 puts beside them."""
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from utils import run_ranks
-from utils.memory import bytes_per_param, live_tensor_bytes, zero_bytes_per_rank
+from utils.sharding.memory import (bytes_per_param, live_tensor_bytes, memory_ledger, state_bytes,
+                                  zero_bytes_per_rank)
 
 
 def test_paper_figure_1():
@@ -37,3 +38,21 @@ def test_live_bytes_count_each_storage_once_and_see_dtensor_shards():
     views, shard = run_ranks(measure, world_size=2, verbose=False)[0]
     assert views == 4000
     assert shard == 100 * 100 * 4 // 2
+
+
+def test_state_bytes_by_storage_and_by_tensor():
+    """One counter for every model-state count (memory_ledger, mesh3d.model_state_bytes, LitToy.held_bytes):
+    by storage, a view of a padded buffer counts the buffer and a storage is counted once; by tensor, numel x size."""
+    padded = torch.zeros(12)  # a flat buffer, padded to 12 values
+    weight = torch.nn.Parameter(padded[:10])  # a 10-value parameter that is a view of it
+    weight.grad = torch.zeros(10)
+    optimizer = torch.optim.Adam([weight])
+    weight.grad.zero_()
+    optimizer.step()  # Adam's state: exp_avg, exp_avg_sq (10 values each) and a step scalar
+    by_storage = state_bytes([weight, weight], optimizer)  # the tied weight listed twice: once
+    by_tensor = state_bytes([weight], optimizer, by="tensor")
+    assert by_storage == {"params": 48, "grads": 40, "optim": 84, "total": 172}
+    assert by_tensor == {"params": 40, "grads": 40, "optim": 84, "total": 164}
+    assert memory_ledger([weight], optimizer)["total"] == by_storage["total"]
+    with pytest.raises(ValueError, match="by='bytes'"):
+        state_bytes([weight], by="bytes")

@@ -1,11 +1,11 @@
-"""utils.mesh3d (lesson 09): mesh factorisations, refusals with the numbers, bytes attributed per dimension."""
+"""utils.mesh.mesh3d (lesson 09): mesh factorisations, refusals with the numbers, bytes attributed per dimension."""
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import utils
-from utils.mesh3d import MeshCommLedger, check_mesh, meshes, model_state_bytes
+from utils.mesh.mesh3d import MeshCommLedger, check_mesh, meshes, model_state_bytes
 
 SIZES = dict(heads=4, kv_heads=2, layers=4, batch=8, microbatches=2)
 

@@ -123,7 +123,7 @@ def test_printed_source_is_counted():
     index = minutes.utils_definitions()
     unresolved = {minutes.key(p): minutes.printed_source_lines(json.loads(p.read_text()), index)[1] for p in NOTEBOOKS}
     assert not any(unresolved.values()), f"getsource of names the tool cannot find in utils: {unresolved}"
-    nb = {"cells": [{"cell_type": "code", "source": "from utils.parallelize3d import (build,\n    train)\n"
+    nb = {"cells": [{"cell_type": "code", "source": "from utils.mesh.parallelize3d import (build,\n    train)\n"
                      "Code(inspect.getsource(train))\n"}]}
     text = (minutes.ROOT / "utils" / "parallelize3d.py").read_text().splitlines()
     start = next(i for i, line in enumerate(text) if line.startswith("def train("))

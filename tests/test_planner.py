@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from utils.ledger import RING_WIRE_FACTOR
-from utils.memory import bytes_per_param, zero_bytes_per_rank
+from utils.comm.ledger import RING_WIRE_FACTOR
+from utils.sharding.memory import bytes_per_param, zero_bytes_per_rank
 from utils.pipeline import bubble_fraction
 from utils.planner import (GPT2_SMALL, H100_NODE, LLAMA2_7B, LLAMA2_70B, Cluster, ModelShape, Plan, best_plans,
                            estimate, in_flight, layer_activation_bytes, parameter_count)
@@ -198,7 +198,7 @@ def test_bad_arguments_raise_at_once_with_the_numbers(make, words):
 
 
 def test_the_widget_builds_without_a_display_and_follows_its_controls():
-    from utils.planner_widget import PlannerWidget
+    from utils.widgets.planner import PlannerWidget
 
     w = PlannerWidget()
     assert w.result.psi == parameter_count(LLAMA2_7B) and "MFU" in w.table.value

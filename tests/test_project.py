@@ -124,8 +124,9 @@ def test_wheel_ships_every_utils_module(tmp_path):
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", "--target", str(site), str(wheel)],
                    check=True, capture_output=True)
-    probe = ("import utils, utils.launch, utils.checkers, utils.planner, utils.checkers.common; "
-             "print(utils.__file__)")
+    probe = ("import importlib, pkgutil, utils; "  # every subpackage (comm, sharding, pipeline, ...) imports
+             "[importlib.import_module(m.name) for m in pkgutil.walk_packages(utils.__path__, 'utils.') if m.ispkg]; "
+             "import utils.checkers.common; print(utils.__file__)")
     run = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(site)})
     assert run.returncode == 0, run.stderr[-2000:]

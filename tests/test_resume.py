@@ -1,10 +1,10 @@
-"""utils.resume, the loop of lesson 11: its bookkeeping, its refusals, and a resume that is bitwise exact."""
+"""utils.scale_out.resume, the loop of lesson 11: its bookkeeping, its refusals, and a resume that is bitwise exact."""
 
 import pytest
 import torch.distributed as dist
 
 from utils import run_ranks
-from utils.resume import join_losses, latest_checkpoint, store_generation, train
+from utils.scale_out.resume import join_losses, latest_checkpoint, store_generation, train
 
 pytestmark = pytest.mark.usefixtures("no_children_left")
 

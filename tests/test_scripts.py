@@ -1,4 +1,4 @@
-"""The lesson scripts under torchrun, and ``utils.torchrun``'s launcher: losses, errors, timeouts.
+"""The lesson scripts under torchrun, and ``utils.scale_out.torchrun``'s launcher: losses, errors, timeouts.
 
 That each script reproduces its lesson is checked where the lesson is: lessons 02, 04, 05 and 06 run their
 script under torchrun against their own cells, lesson 10 runs the capstone's (09) against one process. Here:
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from utils import lesson_training
-from utils.torchrun import (TorchrunFailed, launch, parse_losses, print_losses, run_agents, run_script,
+from utils.scale_out.torchrun import (TorchrunFailed, launch, parse_losses, print_losses, run_agents, run_script,
                             torchrun_command)
 
 TOL = dict(rtol=1e-5, atol=1e-5)  # float32 sums in another order than one process's
@@ -93,12 +93,12 @@ def test_batches_cycle_and_optimizers_are_checked():
 
 
 def test_every_script_that_joins_a_group_leaves_through_finish():
-    """A rank that returns normally can abort in Python's teardown (``utils.torchrun.finish`` says why), and
+    """A rank that returns normally can abort in Python's teardown (``utils.scale_out.torchrun.finish`` says why), and
     torchrun then reports a failed run after correct results. Lightning's script is left to Lightning, whose
     launcher starts the other ranks and tears the group down itself."""
-    from utils.torchrun import SCRIPTS
+    from utils.scale_out.torchrun import SCRIPTS
     joins = [p for p in sorted(SCRIPTS.glob("*.py")) if "init_from_env(" in p.read_text()
              or "init_process_group(" in p.read_text()]
     assert len(joins) >= 6, [p.name for p in joins]  # 02, 04, 06, 07, 09, 11 (05 runs 09's main)
     missing = [p.name for p in joins if "finish()" not in p.read_text()]
-    assert not missing, f"{missing} join a process group but do not end with utils.torchrun.finish()"
+    assert not missing, f"{missing} join a process group but do not end with utils.scale_out.torchrun.finish()"

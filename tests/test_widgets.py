@@ -1,4 +1,4 @@
-"""The two widgets of the course (utils/memory_widget.py for lesson 03, utils/pipeline_widget.py for
+"""The two widgets of the course (utils/widgets/memory.py for lesson 03, utils/widgets/pipeline.py for
 lesson 06), built without a display: what a browser showed wrong, checked headless.
 
 tests/browser/ drives the same widgets in JupyterLab; these run in a second, in any `make test`.
@@ -9,11 +9,11 @@ import matplotlib
 import matplotlib.pyplot as plt
 import pytest
 
-from utils.memory import bytes_per_param, zero_bytes_per_rank
-from utils.memory_widget import MODEL_SIZES_B, ZeroCalculator
+from utils.sharding.memory import bytes_per_param, zero_bytes_per_rank
+from utils.widgets.memory import MODEL_SIZES_B, ZeroCalculator
 from utils.pipeline import bubble_fraction, idle_fraction, schedule_orders, simulate
-from utils.pipeline_widget import SCALE, ScheduleExplorer, png_width
-from utils.timeline import draw_gantt
+from utils.widgets.pipeline import SCALE, ScheduleExplorer, png_width
+from utils.pipeline.timeline import draw_gantt
 
 matplotlib.use("Agg")
 

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 from lab_grading import expect_rejection
 from notebook_runner import ROOT
-from utils import compat
-from utils.adam import LR, adam_update
+from utils.comm import compat
+from utils.sharding.adam import LR, adam_update
 from utils.checkers.zero import check_bucketed_zero2, check_make_buckets
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/

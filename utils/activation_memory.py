@@ -1,33 +1,7 @@
-"""What autograd keeps for backward, counted: lesson 07b (notebooks/07b_deepspeed_features.ipynb, activation
-checkpointing) derives it, lesson 08b (notebooks/08b_lightning_speedups.ipynb, ``no_grad`` at evaluation)
-uses it again.
+"""Moved to ``utils.sharding.activation_memory`` (issue 24: utils by concept). This alias lasts until every import names the
+new home; it is that very module, so its private names and patches are shared."""
 
-``torch.autograd.graph.saved_tensors_hooks`` calls ``pack`` on every tensor an operation saves for its
-backward; we add up the bytes of their storages, each storage once (a view and its base share one). The
-ledger of ``utils.memory`` cannot see these tensors: the C++ graph holds them. A checkpoint that keeps its
-inputs elsewhere (DeepSpeed's reentrant ``ctx.deepspeed_saved_tensors``), or runs under hooks of its own
-(the innermost hooks are the ones autograd calls), hides them from this count.
-"""
+import importlib
+import sys
 
-from __future__ import annotations
-
-import torch
-
-__all__ = ["saved_bytes"]
-
-
-def saved_bytes(fn, exclude=()):
-    """(bytes, fn's result): the bytes of the distinct storages autograd saves for backward while fn() runs,
-    leaving out the storages of the tensors in `exclude` (e.g. ``model.parameters()``, which exist anyway)."""
-    skip = {t.untyped_storage().data_ptr() for t in exclude}
-    seen = {}
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in skip:
-            seen[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return sum(seen.values()), out
+sys.modules[__name__] = importlib.import_module("utils.sharding.activation_memory")

@@ -1,6 +1,7 @@
 """Small real data sets that ship inside an installed package: nothing is downloaded at run time.
 
-Derived in notebook 02 (data parallelism), where the digits train the course model. ``AugmentedDigits``
+Derived in notebook 02 (data parallelism), where the digits train the course model, in one fixed shuffled order
+(``digits_in_order``) that lessons 02, 08 and their scripts share. ``AugmentedDigits``
 (random shifts and noise in pure Python) comes from lesson 08: notebooks/08a_lightning_strategies.ipynb seeds
 its workers with ``seed_everything``, notebooks/08b_lightning_speedups.ipynb loads it with ``num_workers``.
 """
@@ -21,6 +22,13 @@ def digits(dtype=torch.float32):
     x = torch.tensor(data.data, dtype=dtype) / 16.0  # pixel values are 0..16
     y = torch.tensor(data.target, dtype=torch.int64)
     return x, y
+
+
+def digits_in_order():
+    """The digits in lesson 02's fixed order: (1797, 64) float in [0, 1], (1797,) int64."""
+    x, y = digits()
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
+    return x[order], y[order]
 
 
 class AugmentedDigits(Dataset):

@@ -3,11 +3,11 @@
 Lesson 02 (``notebooks/02_data_parallelism.ipynb``) derives torch DDP with a Python all-reduce hook, lesson 04
 FSDP2 on the course model, lesson 06 the course model cut into pipeline stages by ``torch.distributed.pipelining``.
 Each lesson imports from here its model (``make_model``), its data order (``batch``) and the piece its technique
-adds (02: ``allreduce_hook``; 04: ``utils.lightning_toy.shard_with_fsdp2``; 06: ``traced_stage``), and writes
+adds (02: ``allreduce_hook``; 04: ``utils.sharding.fsdp2.shard_with_fsdp2``; 06: ``traced_stage``), and writes
 its training loop in its own cells, where it also measures bytes and memory. Its script in
 ``notebooks/scripts/`` runs the bare loop below (``ddp_losses``, ``fsdp_losses``, ``pipeline_losses``) with the
 same pieces, so the lesson can check that ``torchrun`` reproduces the losses of its own cells. Lesson 05's and
-09's scripts train ``utils.parallelize3d``'s tiny Llama instead.
+09's scripts train ``utils.mesh.parallelize3d``'s tiny Llama instead.
 
 Every ``*_losses`` function runs on one rank of an initialised process group and returns the per-step
 *global* losses (the mean over ranks of each rank's mean loss), the same list on every rank.
@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .launch import rank_device
-from .lightning_toy import digits_in_order
+from .datasets import digits_in_order
 from .models import ToyNet
 
 __all__ = ["DDP_BATCH", "DDP_LR", "FSDP_BATCH", "FSDP_LR", "PIPE_BATCH", "PIPE_LR", "SPLIT_NAMES", "batch",
@@ -76,7 +76,7 @@ def reference_losses(steps, size, optimizer, lr, hidden=64, ordered=True):
 
 
 def say_step(step, steps, loss):
-    """Rank 0's progress line after each step, which ``utils.torchrun.launch`` shows in the notebook as it comes."""
+    """Rank 0's progress line after each step, which ``utils.scale_out.torchrun.launch`` shows in the notebook as it comes."""
     if dist.get_rank() == 0:
         print(f"step {step + 1}/{steps}: loss {loss:.6f}", flush=True)
 
@@ -122,7 +122,7 @@ def fsdp_losses(steps, hidden=512, size=FSDP_BATCH, lr=FSDP_LR):
     """Lesson 04's FSDP2: blocks first (the tied mix1/mix2 pair in one group), then the root; Adam."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from .lightning_toy import shard_with_fsdp2
+    from .sharding.fsdp2 import shard_with_fsdp2
     rank, n, device = dist.get_rank(), dist.get_world_size(), rank_device()
     if size % n:
         raise ValueError(f"a global batch of {size} does not split into {n} equal shards; use a multiple of {n}")

@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from utils import compat  # all_gather_single / reduce_scatter_single on torch 2.11-2.13
-from utils.adam import adam_update
+from utils.sharding.adam import adam_update
 
 
 def make_buckets(params, bucket_numel):

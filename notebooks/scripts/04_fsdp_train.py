@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `utils`
 from utils.lesson_training import FSDP_BATCH, FSDP_LR, fsdp_losses  # noqa: E402 - after the path
-from utils.torchrun import finish, init_from_env, print_losses  # noqa: E402
+from utils.scale_out.torchrun import finish, init_from_env, print_losses  # noqa: E402
 
 
 def main(argv=None):
@@ -30,7 +30,7 @@ def main(argv=None):
     losses = fsdp_losses(args.steps, args.hidden, args.batch, args.lr)
     if dist.get_rank() == 0:
         print_losses(losses)
-    finish()  # destroy the group and exit without the interpreter's teardown (utils.torchrun.finish says why)
+    finish()  # destroy the group and exit without the interpreter's teardown (utils.scale_out.torchrun.finish says why)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
     python -m torch.distributed.run --standalone --nproc-per-node 2 notebooks/scripts/05_tp_train.py --steps 3
 
 Lesson 05 builds Megatron's column- and row-parallel layers by hand and then with DTensor; this script trains a
-model with the DTensor version only: ``utils.parallelize3d``'s ``tp_plan`` (``parallelize_module`` with
+model with the DTensor version only: ``utils.mesh.parallelize3d``'s ``tp_plan`` (``parallelize_module`` with
 Megatron's plan and sequence parallelism) on a mesh of one dimension, tp = the number of processes (2 or 4:
 it must divide the 4 heads). It is ``09_3d_train.py`` with dp = pp = 1.
 """

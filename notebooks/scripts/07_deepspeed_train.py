@@ -12,7 +12,7 @@
 Options: --stage 0-3, --steps, --micro-batch, --grad-accum, --dtype fp32|bf16|fp16, --clip,
 --offload (optimizer state to CPU, with a torch optimizer: no cpu_adam to compile), --save DIR
 (a DeepSpeed checkpoint at the end), --config FILE (your own DeepSpeed JSON config instead of the
-built-in one; it is checked with utils.ds_config first and the script stops on a finding).
+built-in one; it is checked with utils.deepspeed.config first and the script stops on a finding).
 The last line printed by rank 0 is a JSON summary (losses, world size, ops compiled).
 """
 
@@ -77,10 +77,10 @@ def main():
     import deepspeed
 
     from utils.datasets import digits
-    from utils.deepspeed_cpu import avoid_op_builds, built_ops
-    from utils.ds_config import check_config, report
+    from utils.deepspeed.cpu import avoid_op_builds, built_ops
+    from utils.deepspeed.config import check_config, report
     from utils.models import ToyNet
-    from utils.torchrun import finish
+    from utils.scale_out.torchrun import finish
 
     avoid_op_builds()
     deepspeed.init_distributed()  # wraps the existing process group
@@ -124,7 +124,7 @@ def main():
         print(json.dumps({"world_size": world, "stage": args.stage, "dtype": args.dtype, "losses": losses,
                           "init_s": round(init_s, 2), "device": str(engine.device),
                           "ops_built": built_ops(os.environ.get("TORCH_EXTENSIONS_DIR", ""))}), flush=True)
-    finish()  # destroy the group and exit without the interpreter's teardown (utils.torchrun.finish says why)
+    finish()  # destroy the group and exit without the interpreter's teardown (utils.scale_out.torchrun.finish says why)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Lesson 08's training job as a script, for strategy "ddp" (and for torchrun or a cluster).
 
-The LightningModule itself, ``LitToy``, lives in ``utils/lightning_toy.py``: lesson 08 imports it
+The LightningModule itself, ``LitToy``, lives in ``utils/lightning/toy.py``: lesson 08 imports it
 from there too, so the module is written once. This script trains it (the course model,
 ``utils.ToyNet``) on the digits in lesson 02's data order and prints the per-step global losses
 on rank 0:
@@ -26,7 +26,8 @@ import torch
 from torch.utils.data import TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `utils`
-from utils.lightning_toy import GLOBAL_BATCH, LitToy, digits_in_order  # noqa: E402 - after the path
+from utils.datasets import digits_in_order  # noqa: E402 - after the path
+from utils.lightning.toy import GLOBAL_BATCH, LitToy  # noqa: E402
 
 
 def strategy_from_name(name, devices):

@@ -2,7 +2,7 @@
 
     python -m torch.distributed.run --standalone --nproc-per-node 8 notebooks/scripts/09_3d_train.py --dp 2 --pp 2 --tp 2
 
-The model, the split, the plan and the loop are ``utils.parallelize3d`` (``build`` and ``train``), the code
+The model, the split, the plan and the loop are ``utils.mesh.parallelize3d`` (``build`` and ``train``), the code
 lesson 09 derives and runs in its own cells; its one-process ``reference`` is what the losses must match.
 ``--dp 1 --pp 1`` is pure tensor (and sequence) parallelism: that is ``05_tp_train.py``.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `utils`
-from utils.parallelize3d import LR, train  # noqa: E402 - after the path
-from utils.torchrun import finish, init_from_env, print_losses  # noqa: E402
+from utils.mesh.parallelize3d import LR, train  # noqa: E402 - after the path
+from utils.scale_out.torchrun import finish, init_from_env, print_losses  # noqa: E402
 
 
 def main(argv=None, tp_only=False):
@@ -39,7 +39,7 @@ def main(argv=None, tp_only=False):
     if dist.get_rank() == 0:
         print(f"mesh dp={dp} pp={pp} tp={tp}")
         print_losses(out["losses"])
-    finish()  # destroy the group and exit without the interpreter's teardown (utils.torchrun.finish says why)
+    finish()  # destroy the group and exit without the interpreter's teardown (utils.scale_out.torchrun.finish says why)
 
 
 if __name__ == "__main__":

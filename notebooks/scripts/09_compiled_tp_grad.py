@@ -2,7 +2,7 @@
 
     .venv/bin/python notebooks/scripts/09_compiled_tp_grad.py
 
-Trains lesson 09's tiny Llama (``utils.parallelize3d``) on the mesh (dp, pp, tp) = (1, 1, 2) with every block
+Trains lesson 09's tiny Llama (``utils.mesh.parallelize3d``) on the mesh (dp, pp, tp) = (1, 1, 2) with every block
 compiled by ``aot_eager``, and prints each parameter's largest gradient difference against one process.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `utils`
 import utils  # noqa: E402 - after the path
-from utils.parallelize3d import LR, reference, train  # noqa: E402
+from utils.mesh.parallelize3d import LR, reference, train  # noqa: E402
 
 
 def compiled(ac):

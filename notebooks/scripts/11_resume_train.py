@@ -6,14 +6,14 @@
 Run the same command again and it resumes from the newest checkpoint in ``--ckpt-dir`` (what a Slurm
 requeue does); add ``--max-restarts 1`` to torchrun and torchrun restarts the workers itself. The
 kill happens only in an attempt that started from scratch, so the attempt after it runs to the end.
-Rank 0 appends each step's loss (``float.hex``) to ``--losses``. The loop itself is ``utils.resume.train``,
+Rank 0 appends each step's loss (``float.hex``) to ``--losses``. The loop itself is ``utils.scale_out.resume.train``,
 which the notebook also calls.
 
 One thing here is not in the loop, and it is the trap of in-job restarts: torchrun's workers share
 the agent's TCPStore, which outlives them. A restarted worker that joins a process group on it as
 if it were new reads the keys the dead generation left there (gloo: the dead peers' addresses) and
 fails with "Connection refused". So each generation gets its own key prefix, and the generation is
-counted by the store itself (``utils.resume.store_generation``), not taken from
+counted by the store itself (``utils.scale_out.resume.store_generation``), not taken from
 ``TORCHELASTIC_RESTART_COUNT``, which differs between agents when there are several.
 """
 
@@ -26,8 +26,8 @@ import sys
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the course's utils/
-from utils.resume import store_generation, train  # noqa: E402
-from utils.torchrun import finish  # noqa: E402
+from utils.scale_out.resume import store_generation, train  # noqa: E402
+from utils.scale_out.torchrun import finish  # noqa: E402
 
 
 def join_process_group(prefix_per_generation=True, stagger_s=0.0, timeout_s=60):
@@ -71,7 +71,7 @@ def main():
     if rank == 0:
         print(f"generation {generation} ran {len(losses)} steps, last loss {float.fromhex(losses[-1]):.6f}"
               if losses else f"generation {generation}: nothing left to do", flush=True)
-    finish()  # destroy the group and exit without the interpreter's teardown (utils.torchrun.finish says why)
+    finish()  # destroy the group and exit without the interpreter's teardown (utils.scale_out.torchrun.finish says why)
 
 
 if __name__ == "__main__":

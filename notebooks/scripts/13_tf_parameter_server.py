@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from utils.tf_toynet import TRAINABLE, TFToyNet  # noqa: E402
+from utils.frameworks.tf_toynet import TRAINABLE, TFToyNet  # noqa: E402
 
 
 def free_ports(n):

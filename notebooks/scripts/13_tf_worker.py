@@ -8,7 +8,7 @@ addresses and which task this process is), as a cluster scheduler would:
 
 Every worker reads the same initial weights and global batch from ``--inputs`` (written by the
 notebook), takes its shard of the batch (replica r: samples r, r+n, ...), runs one data-parallel SGD
-step (``utils.tf_toynet.dp_step``, the same function the notebook runs under MirroredStrategy) and
+step (``utils.frameworks.tf_toynet.dp_step``, the same function the notebook runs under MirroredStrategy) and
 writes its all-reduced gradients, its weights after the step and the global loss to ``--out``.
 """
 
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from utils.tf_toynet import TFToyNet, dp_step  # noqa: E402
+from utils.frameworks.tf_toynet import TFToyNet, dp_step  # noqa: E402
 
 
 def main():

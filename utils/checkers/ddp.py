@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from ..datasets import digits
 from ..launch import rank_device
-from ..ledger import CommLedger
+from ..comm.ledger import CommLedger
 from ..models import ToyNet
 from .common import GRAD_TOL, WEIGHT_TOL, CheckResult, LabCheckFailed, caught, close, first_error, launch_answer, raise_if_error
 

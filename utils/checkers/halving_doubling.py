@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ..launch import rank_device
-from ..ledger import RING_WIRE_FACTOR, CommLedger
+from ..comm.ledger import RING_WIRE_FACTOR, CommLedger
 from .common import CheckResult, LabCheckFailed, caught, first_error, launch_answer, raise_if_error
 
 COLLECTIVES = set(RING_WIRE_FACTOR) - {"send", "isend", "recv", "irecv", "barrier"}  # all but point-to-point

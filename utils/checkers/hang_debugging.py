@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..ledger import CommLedger
+from ..comm.ledger import CommLedger
 from .common import CheckResult, LabCheckFailed, caught, close, fail, first_error, launch_answer, raise_if_error
 
 BUG_KINDS = {

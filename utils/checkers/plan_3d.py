@@ -6,7 +6,7 @@ memory cap per rank) and compares each answer with the checker's own enumeration
 not ``utils.planner.best_plans``: a judge must not share the search it judges; a profile hook refuses a learner's
 call to it). A slower answer is diagnosed by the knobs that, held at its values, leave no faster plan; an answer
 faster than the checker's optimum means the checker or the planner is wrong, and says so. ``check_plan_run``
-trains the plan's mesh on CPU ranks with ``utils.parallelize3d.train`` (lesson 09's step), honouring the plan's
+trains the plan's mesh on CPU ranks with ``utils.mesh.parallelize3d.train`` (lesson 09's step), honouring the plan's
 schedule and checkpointing, and refuses a plan with a knob that step cannot run (``unrunnable``).
 """
 
@@ -14,9 +14,11 @@ import dataclasses
 import itertools
 import sys
 
-from .. import parallelize3d, planner
-from ..memory import zero_bytes_per_rank
-from ..parallelize3d import BATCH, HEADS, HIDDEN, LAYERS, SEQ, VOCAB
+from ..mesh import parallelize3d
+
+from .. import planner
+from ..sharding.memory import zero_bytes_per_rank
+from ..mesh.parallelize3d import BATCH, HEADS, HIDDEN, LAYERS, SEQ, VOCAB
 from .common import GRAD_TOL, CheckResult, LabCheckFailed, close, fail, launch_answer
 
 SPACE = dict(micro_batch=(1, 2, 4), v=(1, 2), zero_stage=(0, 1, 2, 3), checkpointing=planner.CHECKPOINTING)

@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..launch import rank_device
-from ..ledger import CommLedger
+from ..comm.ledger import CommLedger
 from .common import GRAD_TOL, CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error
 
 TP_HINTS = {

@@ -32,15 +32,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..adam import adam_update
+from ..sharding.adam import adam_update
 from ..datasets import digits
 from ..launch import rank_device
-from ..ledger import CommLedger
+from ..comm.ledger import CommLedger
 from ..models import ToyNet
 from .common import GRAD_TOL, WEIGHT_TOL, CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error
 from .zero_memory import HELD_HINT, added_bytes, held_tensors, judge_held
 
-CHECK_LR = 3e-3  # not utils.adam.LR nor adam_update's default: an lr that is ignored shows
+CHECK_LR = 3e-3  # not utils.sharding.adam.LR nor adam_update's default: an lr that is ignored shows
 REDUCE_SCATTER = ("reduce_scatter_single", "reduce_scatter_tensor", "reduce_scatter")  # one collective, 3 names
 ALL_GATHER = ("all_gather_single", "all_gather_into_tensor", "all_gather")
 PARAM_NAMES = ("embed.weight", "embed.bias", "mix1.weight", "mix1.bias", "mix2.bias", "head.weight", "head.bias")

@@ -3,7 +3,7 @@
 ``utils.checkers.zero`` follows the full gradients (``p.grad``) during backward. An answer can pass
 that count and still keep DDP's memory: its own padded flat copy of each bucket's gradient, kept in
 ``self`` after the reduce-scatter, with ``p.grad`` set to ``None``. So the checker also takes every
-tensor the rank's process holds (``held_tensors``: each storage once, as ``utils.memory.live_tensor_bytes``
+tensor the rank's process holds (``held_tensors``: each storage once, as ``utils.sharding.memory.live_tensor_bytes``
 counts them) just before the answer is built, and again right after its first ``step()``. The new
 storages, less the copies the checker itself made in between, are what the answer keeps. ZeRO-2 allows,
 per bucket of ``numel`` numbers, with chunk = ceil(numel / n):
@@ -36,7 +36,7 @@ HELD_HINT = ("keep nothing per bucket but this rank's chunks: after step() ZeRO-
 def held_tensors(device):
     """{storage address: tensor} of the live tensors on ``device`` (a torch.device) that a Python object refers to.
 
-    Like ``utils.memory.live_tensor_bytes``, but a tensor counts only if some Python object (a list,
+    Like ``utils.sharding.memory.live_tensor_bytes``, but a tensor counts only if some Python object (a list,
     a dict, an instance's ``__dict__``) holds it. What a collective's C++ side keeps is left out:
     measured on gloo, a tensor of a finished collective (chunk x n numbers: a bucket's padded
     gradient or its all-gathered parameters) was still alive 50 ms after ``step()`` returned, with no

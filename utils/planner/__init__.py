@@ -14,7 +14,7 @@ dataclasses, every formula a short named function with its source:
 
 Notation: Psi is a *count* of parameters; bytes carry their factor (fp32 weights 4 Psi bytes, mixed-precision
 Adam model states 16 Psi = 2 Psi + 2 Psi + 12 Psi bytes, ZeRO paper). Per-rank bytes on the wire follow the ring
-convention of ``utils.ledger.CommLedger`` (all-reduce 2(n-1)/n of its payload, all-gather and reduce-scatter
+convention of ``utils.comm.ledger.CommLedger`` (all-reduce 2(n-1)/n of its payload, all-gather and reduce-scatter
 (n-1)/n, send 1x), so a measured ledger and the planner can be put side by side. Ranks are numbered tp fastest,
 then pp, then dp (the order [TP, CP, PP, DP] of the Llama 3 paper, Grattafiori et al. 2024, Figure 5): a group
 stays inside a node when the product of its own and the faster dimensions fits in one node.

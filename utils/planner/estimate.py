@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..memory import bytes_per_param, zero_bytes_per_rank
+from ..sharding.memory import bytes_per_param, zero_bytes_per_rank
 from ..pipeline import bubble_fraction
 from .shapes import GB, PRECISIONS, CHECKPOINTING, ModelShape, Cluster, H100_NODE, Plan, check_plan, _positive
 from .costs import (parameter_count, stage_parameters, layer_activation_bytes, in_flight, logits_bytes, dp_bytes,

@@ -1,7 +1,7 @@
 """Pipeline schedules as data: who runs which forward and backward, in which order, and the bubble.
 
 Derived in ``notebooks/06_pipeline_parallelism.ipynb``; the schedule explorer widget there, the
-measured runs (``utils.timeline``) and the pipeline lab's checker (``utils.checkers.pipeline_schedule``) all
+measured runs (``utils.pipeline.timeline``) and the pipeline lab's checker (``utils.checkers.pipeline_schedule``) all
 use this one module, so the picture the widget draws is the schedule the notebook ran.
 
 A *schedule* is one list of ops per stage rank, executed in order. An op is a tuple

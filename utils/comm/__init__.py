@@ -1,0 +1,3 @@
+"""Collectives and what they send (lesson 01 on): ``ledger`` (``CommLedger``: bytes and time of every collective
+a rank calls), ``compat`` (the collectives whose names or gloo support changed between torch 2.11 and 2.13).
+"""

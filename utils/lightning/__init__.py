@@ -1,0 +1,6 @@
+"""PyTorch Lightning and speed-ups (lessons 02 and 08): ``toy`` (``LitToy``, lesson 08's LightningModule,
+importable by name for forked and spawned ranks, and the runs it makes), ``ddp_notebook`` (Lightning's
+``ddp_notebook`` with ranks forked from a fresh process), ``speedups`` (timing that holds on a shared
+machine), ``compile_check`` (did ``torch.compile`` compile a DDP model, and do its all-reduces still
+overlap backward), ``gpt_benchmark`` (a GPT-2-small-sized model timed on a GPU in four precisions).
+"""

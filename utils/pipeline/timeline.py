@@ -1,0 +1,206 @@
+"""Run a pipeline schedule on stage ranks with send/recv, record every op's time, draw it as a Gantt chart.
+
+Derived in ``notebooks/06_pipeline_parallelism.ipynb`` (GPipe and 1F1B from scratch); the pipeline
+lab's checker (``utils.checkers.pipeline_schedule``) runs the learner's op lists through the same
+``run_stage``. The op lists come from ``utils.pipeline`` (``("F", mb)``, ``("B", mb)``).
+
+``run_stage`` runs on rank s = stage s of p, and for each op:
+
+- **F, mb**: stage 0 takes micro-batch ``mb`` of the input; a later stage *receives* it from
+  stage s - 1 (``irecv`` then ``wait``: a receive has to block, its data is needed; the ``irecv``
+  of the next op is posted before this op computes, so its message can land meanwhile; on gloo). Then the
+  forward; the last stage adds the loss (divided by m, so the m losses sum to the full-batch
+  mean). The output goes to stage s + 1 with ``isend``, which does not wait for the receiver:
+  a blocking ``send`` here is how two stages that both send first deadlock on gloo.
+- **B, mb**: the last stage calls ``loss.backward()``; the others receive the gradient of their
+  output from stage s + 1 and call ``output.backward(grad)``. The gradient of the stage's input
+  goes back to stage s - 1 (``isend``).
+
+Every op is recorded as ``Interval(rank, kind, mb, start, end)`` with ``time.perf_counter()``, one
+clock for all processes of a machine (on GPUs, synchronise before reading it); ``send`` is the
+time to post the ``isend``, ``recv`` the time spent waiting. Idle is what is left.
+
+``costs=(forward_s, backward_s)`` makes each op take exactly that long: the real (small) compute
+runs, then the rank *sleeps* until the op's fixed duration is up. Sleeping ranks do not compete for
+cores, so p = 4 stages on a 2-core machine give an honest timeline: a **fixed-cost** run, labelled
+as such wherever it is shown.
+
+``track_memory=True`` counts the bytes autograd saves for backward (``saved_tensors_hooks``,
+parameters excluded): the activations a stage holds, per micro-batch and at peak.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from .schedules import Interval
+
+COLORS = {"F": "#4C72B0", "B": "#55A868", "send": "#C0C0C0", "recv": "#E0B040"}
+
+
+class _Recorder:
+    """Context manager per op: appends an Interval; with a cost, pads the op to that duration."""
+
+    def __init__(self, rank, device):
+        self.rank, self.intervals = rank, []
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)  # GPU ops are asynchronous
+
+    def op(self, kind, mb, cost=None):
+        recorder = self
+
+        class _Span:
+            def __enter__(self):
+                recorder.sync()
+                self.start = time.perf_counter()
+
+            def __exit__(self, *exc):
+                recorder.sync()
+                if cost is not None:
+                    left = self.start + cost - time.perf_counter()
+                    if left > 0:
+                        time.sleep(left)  # fixed-cost op: sleep, so oversubscribed ranks do not fight for cores
+                recorder.intervals.append(Interval(recorder.rank, kind, mb, self.start, time.perf_counter()))
+
+        return _Span()
+
+
+class _ActivationCounter:
+    """Bytes of the tensors autograd saves for backward, per micro-batch (each storage once, parameters excluded)."""
+
+    def __init__(self, module):
+        self.params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+        self.params |= {b.untyped_storage().data_ptr() for b in module.buffers()}
+        self.held, self.seen, self.peak_bytes, self.peak_count, self.per_mb = {}, {}, 0, 0, 0
+        self.mb = None
+
+    def pack(self, t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in self.params and ptr not in self.seen.setdefault(self.mb, set()):
+            self.seen[self.mb].add(ptr)
+            self.held[self.mb] = self.held.get(self.mb, 0) + t.untyped_storage().nbytes()
+        return t
+
+    def after_forward(self, mb):
+        self.per_mb = max(self.per_mb, self.held.get(mb, 0))
+        self.peak_bytes = max(self.peak_bytes, sum(self.held.values()))
+        self.peak_count = max(self.peak_count, len(self.held))
+
+    def release(self, mb):
+        self.held.pop(mb, None)
+        self.seen.pop(mb, None)
+
+
+def run_stage(stage_module, ops, *, stage, stages, x_mbs=None, y_mbs=None, recv_shape=None, loss_fn=None,
+              costs=None, track_memory=False):
+    """Run this rank's op list (see the module docstring). Rank ``stage`` of the default group is stage ``stage``.
+
+    ``x_mbs``: the input micro-batches (stage 0); ``y_mbs``: the targets (last stage); ``recv_shape``:
+    the shape of the activation a stage s > 0 receives. Returns a dict with ``intervals``, ``losses``
+    (last stage: one per micro-batch, already divided by m), and with ``track_memory`` the activation
+    bytes: ``per_mb``, ``peak_bytes``, ``peak_count`` (micro-batches held at once).
+    """
+    device = next(stage_module.parameters()).device
+    first, last, m = stage == 0, stage == stages - 1, len({op[1] for op in ops})
+    rec, counter = _Recorder(stage, device), (_ActivationCounter(stage_module) if track_memory else None)
+    inputs, outputs, losses, pending, posted = {}, {}, {}, [], {}
+    forward_cost, backward_cost = costs if costs is not None else (None, None)
+    # Early receives only on gloo: NCCL runs the p2p ops between two ranks in order on one stream, so an early
+    # irecv of a gradient would queue our own isend of the activation (that the gradient needs) behind it.
+    early = dist.get_backend() == "gloo"
+
+    def post_recv(i):
+        """Post op i's receive early (irecv does not wait): the message can land while we compute."""
+        if i >= len(ops) or i in posted:
+            return
+        kind, mb = ops[i][0], ops[i][1]
+        if kind == "F" and not first:
+            buf, src = torch.empty(recv_shape, device=device), stage - 1  # (rows, features) activation
+        elif kind == "B" and not last and mb in outputs:
+            buf, src = torch.empty_like(outputs[mb]), stage + 1  # gradient of our output
+        else:
+            return
+        posted[i] = (buf, dist.irecv(buf, src, tag=mb))
+
+    def receive(i):
+        post_recv(i)
+        buf, work = posted.pop(i)
+        with rec.op("recv", ops[i][1]):
+            work.wait()
+        return buf
+
+    for i, op in enumerate(ops):
+        kind, mb = op[0], op[1]
+        if kind == "F":
+            x = x_mbs[mb] if first else receive(i).requires_grad_()  # a leaf: backward stops here, leaves x.grad
+            if early:
+                post_recv(i + 1)
+            with rec.op("F", mb, forward_cost):
+                if counter:
+                    counter.mb = mb
+                    with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
+                        out = stage_module(x)
+                        out = loss_fn(out, y_mbs[mb]) / m if last else out
+                else:
+                    out = stage_module(x)
+                    out = loss_fn(out, y_mbs[mb]) / m if last else out
+            if counter:
+                counter.after_forward(mb)
+            inputs[mb], outputs[mb] = x, out
+            if last:
+                losses[mb] = out.detach()
+            else:
+                with rec.op("send", mb):
+                    pending.append(dist.isend(out.detach(), stage + 1, tag=mb))
+        elif kind == "B":
+            if mb not in outputs:
+                raise RuntimeError(f"stage {stage}: backward of micro-batch {mb} before its forward (or twice).")
+            grad = None if last else receive(i)  # d loss / d (our output), from stage s + 1
+            if early:
+                post_recv(i + 1)
+            with rec.op("B", mb, backward_cost):
+                outputs[mb].backward(grad)
+            if not first:
+                with rec.op("send", mb):
+                    pending.append(dist.isend(inputs[mb].grad, stage - 1, tag=mb))
+            del outputs[mb]  # frees the graph: this micro-batch's activations are gone
+            inputs.pop(mb)
+            if counter:
+                counter.release(mb)
+        else:
+            raise ValueError(f"stage {stage}: unknown op {op!r}; use ('F', mb) or ('B', mb).")
+    for work in pending:  # every isend must complete before its buffer may be freed
+        work.wait()
+    result = {"intervals": rec.intervals, "losses": [losses[k] for k in sorted(losses)]}
+    if counter:
+        result.update(per_mb=counter.per_mb, peak_bytes=counter.peak_bytes, peak_count=counter.peak_count)
+    return result
+
+
+def draw_gantt(ax, intervals, title="", unit="ms", show_comm=True, label_mb=True):
+    """One row per rank (rank 0 on top): forwards blue, backwards green, recv waits yellow, sends grey;
+    white is idle. ``intervals``: measured (seconds, shown in ``unit``) or simulated (``unit=None``)."""
+    if not intervals:
+        return ax
+    t0 = min(iv.start for iv in intervals)
+    scale = {"ms": 1e3, "s": 1.0, None: 1.0}[unit]
+    ranks = max(iv.rank for iv in intervals) + 1
+    for iv in intervals:
+        if iv.kind in ("send", "recv") and not show_comm:
+            continue
+        height = 0.8 if iv.kind in ("F", "B") else 0.25
+        y = ranks - 1 - iv.rank
+        left, width = (iv.start - t0) * scale, (iv.end - iv.start) * scale
+        ax.barh(y, width, left=left, height=height, color=COLORS[iv.kind], edgecolor="white" if height > 0.5 else None,
+                linewidth=0.5, alpha=1.0 if iv.chunk == 0 else 0.6)  # later chunks (interleaved) lighter
+        if label_mb and iv.kind in ("F", "B"):
+            span = (max(i.end for i in intervals) - t0) * scale
+            if width > span / 60:
+                text = str(iv.mb) if iv.chunk == 0 else f"{iv.mb}.{iv.chunk}"
+                ax.text(left + width / 2, y, text, ha="center", va="center", color="white", fontsize=7)
+    ax.set_yticks(range(ranks), [f"rank {r}" for r in reversed(range(ranks))])
+    ax.set_xlabel(f"time ({unit})" if unit else "time (units of one stage's forward)")
+    ax.set_title(title, fontsize=10)
+    return ax
