@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from utils import CommLedger, compat, run_ranks
+from utils import CommLedger, run_ranks
+from utils.comm import compat
 
 GLOO_2_11 = "Backend gloo does not support alltoall"  # torch 2.11's words for the missing list all_to_all
 

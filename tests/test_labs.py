@@ -364,3 +364,15 @@ def test_ddp_rejects(wrong, world_sizes, mistake, phrase):
 def test_ddp_stub_raises_its_own_error():
     with pytest.raises(NotImplementedError, match="not written yet"):
         check_ddp(Stub, world_sizes=(2,), steps=1)
+
+
+def test_the_two_bucket_rules_differ_only_at_the_cap():
+    """utils.data_parallel.buckets: torch DDP closes a bucket once it reaches the cap, DeepSpeed before it would pass."""
+    from utils.data_parallel.buckets import reverse_buckets
+
+    sizes = [3, 7, 2, 9, 1, 4]  # taken last first: 4, 1, 9, 2, 7, 3
+    assert reverse_buckets(sizes, 10, "ddp") == [[5, 4, 3], [2, 1, 0]]  # 4 + 1 + 9 = 14 >= 10; 2 + 7 + 3 = 12
+    assert reverse_buckets(sizes, 10, "deepspeed") == [[5, 4], [3], [2, 1], [0]]  # 5 + 9 > 10 flushes first
+    assert reverse_buckets(sizes, 100, "ddp") == reverse_buckets(sizes, 100, "deepspeed") == [[5, 4, 3, 2, 1, 0]]
+    with pytest.raises(ValueError, match="torch DDP's or DeepSpeed's"):
+        reverse_buckets(sizes, 10, "fsdp")

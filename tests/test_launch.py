@@ -1,4 +1,4 @@
-"""The guarantees of utils.run_ranks, one test each (see utils/launch.py for how they are kept)."""
+"""The guarantees of utils.run_ranks, one test each (see utils/launch/ for how they are kept)."""
 
 import os
 import signal

@@ -125,7 +125,7 @@ def test_printed_source_is_counted():
     assert not any(unresolved.values()), f"getsource of names the tool cannot find in utils: {unresolved}"
     nb = {"cells": [{"cell_type": "code", "source": "from utils.mesh.parallelize3d import (build,\n    train)\n"
                      "Code(inspect.getsource(train))\n"}]}
-    text = (minutes.ROOT / "utils" / "parallelize3d.py").read_text().splitlines()
+    text = (minutes.ROOT / "utils" / "mesh" / "parallelize3d.py").read_text().splitlines()
     start = next(i for i, line in enumerate(text) if line.startswith("def train("))
     end = next((i for i in range(start + 1, len(text)) if text[i] and not text[i][0].isspace()), len(text))
     body = [line for line in text[start:end] if line.strip()]

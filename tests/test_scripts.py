@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from utils import lesson_training
-from utils.scale_out.torchrun import (TorchrunFailed, launch, parse_losses, print_losses, run_agents, run_script,
+from utils.scale_out.torchrun import (TorchrunFailed, launch, parse_losses, parse_result, print_result, run_agents, run_script,
                             torchrun_command)
 
 TOL = dict(rtol=1e-5, atol=1e-5)  # float32 sums in another order than one process's
@@ -68,9 +68,11 @@ def test_run_agents_returns_codes_and_stops_on_until_or_timeout():
 
 def test_losses_round_trip_exactly(capsys):
     values = [2.302585092994046, 1 / 3, 1e-30]
-    print_losses(values)
-    assert parse_losses(capsys.readouterr().out) == values  # hex keeps every bit
-    with pytest.raises(TorchrunFailed, match="expected one LOSSES_HEX line, found 0"):
+    print_result(values, world_size=2, note="any field")
+    out = capsys.readouterr().out
+    assert parse_losses(out) == values  # hex keeps every bit
+    assert parse_result(out) == {"losses": values, "world_size": 2, "note": "any field"}
+    with pytest.raises(TorchrunFailed, match="expected one RESULT line, found 0"):
         parse_losses("no losses here")
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from utils import compat  # all_gather_single / reduce_scatter_single on torch 2.11-2.13
+from utils.comm import compat  # all_gather_single / reduce_scatter_single on torch 2.11-2.13
 from utils.sharding.adam import adam_update
 
 

@@ -3,7 +3,7 @@
     python -m torch.distributed.run --standalone --nproc-per-node 4 notebooks/scripts/02_ddp_train.py --steps 3
 
 The loop is ``utils.lesson_training.ddp_losses``: rank r trains on samples r, r+n, ... of each global batch of
-240 digits and DDP averages the gradients. Rank 0 prints the per-step global losses, exactly (``LOSSES_HEX``),
+240 digits and DDP averages the gradients. Rank 0 prints the per-step global losses, exactly (``RESULT``),
 which lesson 02 compares with its own cells and lesson 10 with the same run on two nodes.
 """
 
@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `utils`
 from utils.lesson_training import DDP_BATCH, DDP_LR, ddp_losses  # noqa: E402 - after the path
-from utils.scale_out.torchrun import finish, init_from_env, print_losses  # noqa: E402
+from utils.scale_out.torchrun import finish, init_from_env, print_result  # noqa: E402
 
 
 def main(argv=None):
@@ -29,7 +29,7 @@ def main(argv=None):
     init_from_env(args.backend)
     losses = ddp_losses(args.steps, args.batch, args.optimizer, args.lr)
     if dist.get_rank() == 0:
-        print_losses(losses)
+        print_result(losses)
     finish()  # destroy the group and exit without the interpreter's teardown (utils.scale_out.torchrun.finish says why)
 
 

@@ -4,7 +4,7 @@
 
 The loop is ``utils.lesson_training.fsdp_losses``: ``fully_shard`` on embed, on the tied mix1/mix2 pair (one
 group) and on head, then the root; each rank trains on its 1/n of 120 digits per step. Rank 0 prints the
-per-step global losses (``LOSSES_HEX``), which lesson 04 compares with its own FSDP2 cells.
+per-step global losses (``RESULT``), which lesson 04 compares with its own FSDP2 cells.
 """
 
 import argparse
@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `utils`
 from utils.lesson_training import FSDP_BATCH, FSDP_LR, fsdp_losses  # noqa: E402 - after the path
-from utils.scale_out.torchrun import finish, init_from_env, print_losses  # noqa: E402
+from utils.scale_out.torchrun import finish, init_from_env, print_result  # noqa: E402
 
 
 def main(argv=None):
@@ -29,7 +29,7 @@ def main(argv=None):
     init_from_env(args.backend)
     losses = fsdp_losses(args.steps, args.hidden, args.batch, args.lr)
     if dist.get_rank() == 0:
-        print_losses(losses)
+        print_result(losses)
     finish()  # destroy the group and exit without the interpreter's teardown (utils.scale_out.torchrun.finish says why)
 
 

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `utils`
 from utils.lesson_training import PIPE_BATCH, PIPE_LR, pipeline_losses  # noqa: E402 - after the path
-from utils.scale_out.torchrun import finish, init_from_env, print_losses  # noqa: E402
+from utils.scale_out.torchrun import finish, init_from_env, print_result  # noqa: E402
 
 
 def main(argv=None):
@@ -29,7 +29,7 @@ def main(argv=None):
     init_from_env(args.backend)
     losses = pipeline_losses(args.steps, args.microbatches, args.batch, args.lr)
     if dist.get_rank() == 0:
-        print_losses(losses)
+        print_result(losses)
     finish()  # destroy the group and exit without the interpreter's teardown (utils.scale_out.torchrun.finish says why)
 
 

@@ -80,7 +80,7 @@ def main():
     from utils.deepspeed.cpu import avoid_op_builds, built_ops
     from utils.deepspeed.config import check_config, report
     from utils.models import ToyNet
-    from utils.scale_out.torchrun import finish
+    from utils.scale_out.torchrun import finish, print_result
 
     avoid_op_builds()
     deepspeed.init_distributed()  # wraps the existing process group
@@ -121,9 +121,8 @@ def main():
     if args.save:
         engine.save_checkpoint(args.save)
     if rank == 0:
-        print(json.dumps({"world_size": world, "stage": args.stage, "dtype": args.dtype, "losses": losses,
-                          "init_s": round(init_s, 2), "device": str(engine.device),
-                          "ops_built": built_ops(os.environ.get("TORCH_EXTENSIONS_DIR", ""))}), flush=True)
+        print_result(losses, world_size=world, stage=args.stage, dtype=args.dtype, init_s=round(init_s, 2),
+                     device=str(engine.device), ops_built=built_ops(os.environ.get("TORCH_EXTENSIONS_DIR", "")))
     finish()  # destroy the group and exit without the interpreter's teardown (utils.scale_out.torchrun.finish says why)
 
 

@@ -17,7 +17,6 @@ it always installs its launcher).
 """
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from torch.utils.data import TensorDataset
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `utils`
 from utils.datasets import digits_in_order  # noqa: E402 - after the path
 from utils.lightning.toy import GLOBAL_BATCH, LitToy  # noqa: E402
+from utils.scale_out.torchrun import print_result  # noqa: E402
 
 
 def strategy_from_name(name, devices):
@@ -63,7 +63,7 @@ def main(argv=None):
     losses = torch.tensor(model.losses, device=trainer.strategy.root_device)
     losses = trainer.strategy.reduce(losses, reduce_op="mean")
     if trainer.global_rank == 0:
-        print("LOSSES " + json.dumps([round(v, 7) for v in losses.tolist()]))
+        print_result(losses.tolist())
 
 
 if __name__ == "__main__":

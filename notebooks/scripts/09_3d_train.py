@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `utils`
 from utils.mesh.parallelize3d import LR, train  # noqa: E402 - after the path
-from utils.scale_out.torchrun import finish, init_from_env, print_losses  # noqa: E402
+from utils.scale_out.torchrun import finish, init_from_env, print_result  # noqa: E402
 
 
 def main(argv=None, tp_only=False):
@@ -38,7 +38,7 @@ def main(argv=None, tp_only=False):
     out = train(dp, pp, tp, args.steps, lr=args.lr)  # check_mesh says what does not fit, with the numbers
     if dist.get_rank() == 0:
         print(f"mesh dp={dp} pp={pp} tp={tp}")
-        print_losses(out["losses"])
+        print_result(out["losses"])
     finish()  # destroy the group and exit without the interpreter's teardown (utils.scale_out.torchrun.finish says why)
 
 

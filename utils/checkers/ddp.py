@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ..data_parallel.buckets import reverse_buckets
 from ..datasets import digits
 from ..launch import rank_device
 from ..comm.ledger import CommLedger
@@ -104,13 +105,10 @@ class AllReduceLog:
 
 
 def expected_buckets(model, cap):
-    """Bytes of each bucket: trainable parameters in reverse order, a bucket closed once it holds >= cap bytes."""
-    sizes = [0]
-    for p in [p for p in model.parameters() if p.requires_grad][::-1]:
-        if sizes[-1] >= cap:
-            sizes.append(0)
-        sizes[-1] += p.numel() * p.element_size()
-    return sizes
+    """Bytes of each bucket: trainable parameters in reverse order, a bucket closed once it holds >= cap bytes
+    (torch DDP's rule, ``utils.data_parallel.buckets``)."""
+    sizes = [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
+    return [sum(sizes[i] for i in bucket) for bucket in reverse_buckets(sizes, cap, "ddp")] or [0]
 
 
 def _state(model):

@@ -33,6 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..sharding.adam import adam_update
+from ..data_parallel.buckets import reverse_buckets
 from ..datasets import digits
 from ..launch import rank_device
 from ..comm.ledger import CommLedger
@@ -105,15 +106,9 @@ class ZeroCheckResult(CheckResult):
 
 
 def expected_buckets(sizes, bucket_numel):
-    """DeepSpeed's buckets over parameters of ``sizes`` (numbers each): lists of indices, reduce order."""
-    buckets, current, size = [], [], 0
-    for i in reversed(range(len(sizes))):
-        if current and size + sizes[i] > bucket_numel:
-            buckets.append(current)
-            current, size = [], 0
-        current.append(i)
-        size += sizes[i]
-    return buckets + [current] if current else buckets
+    """DeepSpeed's buckets over parameters of ``sizes`` (numbers each): lists of indices, reduce order
+    (``utils.data_parallel.buckets``, DeepSpeed's rule)."""
+    return reverse_buckets(sizes, bucket_numel, "deepspeed")
 
 
 def check_make_buckets(fn, cases=((1000, 10), (1000, 1000), (5000, 100), (1, 1))):

@@ -1,7 +1,8 @@
 """Tensor parallelism as a graph rewrite: Megatron's MLP split applied to a ``torch.fx`` graph (notebook 12).
 
 Lesson 05 writes tensor parallelism by hand: a column-parallel linear layer, the element-wise GeLU, a
-row-parallel linear layer, and Megatron-LM's two conjugate operators (Shoeybi et al., arXiv 1909.08053):
+row-parallel linear layer, and Megatron-LM's two conjugate operators (Shoeybi et al., arXiv 1909.08053), which
+live in ``utils.tensor_parallel.communications``:
 
 - ``f`` = ``CopyToTensorParallelRegion``: identity forward, all-reduce backward (before the column layer);
 - ``g`` = ``ReduceFromTensorParallelRegion``: all-reduce forward, identity backward (after the row layer).
@@ -20,52 +21,15 @@ over a traced graph, with no hand-edited module:
 import operator
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import fx, nn
 
 from ..tensor_parallel import check_tp_degree
+from ..tensor_parallel.communications import (CopyToTensorParallelRegion, ReduceFromTensorParallelRegion,
+                                              copy_to_tensor_parallel_region, reduce_from_tensor_parallel_region)
 
 __all__ = ["CopyToTensorParallelRegion", "ReduceFromTensorParallelRegion", "copy_to_tensor_parallel_region",
            "reduce_from_tensor_parallel_region", "ELEMENTWISE", "find_mlp_pairs", "tensor_parallel_mlp"]
-
-
-class CopyToTensorParallelRegion(torch.autograd.Function):
-    """Identity forward, all-reduce backward: the f operator of Megatron-LM (arXiv 1909.08053)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x  # every rank already holds the whole X
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.contiguous().clone()  # each rank's dX came from its own slice of A: sum them
-        dist.all_reduce(grad)
-        return grad
-
-
-class ReduceFromTensorParallelRegion(torch.autograd.Function):
-    """All-reduce forward, identity backward: the g operator of Megatron-LM (arXiv 1909.08053)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        x = x.contiguous().clone()  # partial sums Y_r B_r -> Z on every rank
-        dist.all_reduce(x)
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad  # dZ is the same on every rank, and it is what each partial sum needs
-
-
-def copy_to_tensor_parallel_region(x):
-    """``f``: a plain function, so that a graph node can call it (``call_function``) and ``gm.code`` names it."""
-    return CopyToTensorParallelRegion.apply(x)
-
-
-def reduce_from_tensor_parallel_region(x):
-    """``g``: a plain function for the graph, like ``f``."""
-    return ReduceFromTensorParallelRegion.apply(x)
 
 
 #: Ops that act on each hidden unit alone: a column-parallel rank can apply them to its own units.

@@ -7,9 +7,13 @@ starts ``torchrun``:
 - ``sys.executable -m torch.distributed.run``: the kernel's own Python and torch, whatever ``torchrun`` is on PATH;
 - a timeout on every launch, and on timeout kill the agent and every process under it (killing only the agent
   leaves its workers holding their ports and its output pipe), then say what each printed;
-- every script prints its per-step losses on rank 0 as one line ``LOSSES_HEX [...]`` of ``float.hex`` strings,
-  so the notebook reads back the exact floats and can compare them bitwise; and, as it trains, a line
-  ``step k/n ...`` per step, which ``launch`` shows in the notebook as it comes.
+- every script's rank 0 ends with one line ``RESULT {json}`` (``print_result``): its per-step losses as ``float.hex``
+  strings, so the notebook reads back the exact floats and can compare them bitwise, and any other field the lesson
+  reads (``parse_result``); and, as it trains, a line ``step k/n ...`` per step, which ``launch`` shows in the
+  notebook as it comes.
+
+``launch`` runs any command this way, not only ``torchrun`` (lesson 08 runs its Lightning script with it), and
+``run_agents`` is the runner under it: start, stream, wait with a timeout, stop the whole tree.
 """
 
 import json
@@ -25,9 +29,9 @@ import time
 from pathlib import Path
 
 __all__ = ["ROOT", "SCRIPTS", "init_from_env", "free_port", "torchrun_command", "run_agents", "launch", "run_script",
-           "run_two_agents", "parse_losses", "print_losses", "finish", "TorchrunFailed"]
+           "run_two_agents", "RESULT", "print_result", "parse_result", "parse_losses", "finish", "TorchrunFailed"]
 
-ROOT = Path(__file__).resolve().parents[1]  # the repository
+ROOT = Path(__file__).resolve().parents[2]  # the repository (utils/scale_out/torchrun.py)
 SCRIPTS = ROOT / "notebooks" / "scripts"
 
 
@@ -210,18 +214,29 @@ def _kill(procs):
                 pass
 
 
-def parse_losses(stdout):
-    """The floats of the ``LOSSES_HEX`` line rank 0 printed (exact: hex keeps every bit)."""
-    lines = [line for line in stdout.splitlines() if line.startswith("LOSSES_HEX ")]
+RESULT = "RESULT "  # the one line a course script's rank 0 prints at the end: JSON, its losses as float.hex strings
+
+
+def print_result(losses, **fields):
+    """What a script's rank 0 prints at the end: its losses, readable, then one ``RESULT {json}`` line with the exact
+    losses (``float.hex`` keeps every bit) and any other fields the lesson reads back (numbers, strings, lists)."""
+    print("losses:", [round(float(v), 6) for v in losses])
+    print(RESULT + json.dumps({"losses": [float(v).hex() for v in losses], **fields}), flush=True)
+
+
+def parse_result(stdout):
+    """The ``RESULT`` line a script printed, as a dict: ``losses`` as the exact floats, the other fields as printed."""
+    lines = [line for line in stdout.splitlines() if line.startswith(RESULT)]
     if len(lines) != 1:
-        raise TorchrunFailed(f"expected one LOSSES_HEX line, found {len(lines)}; output ends:\n{stdout[-2000:]}")
-    return [float.fromhex(h) for h in json.loads(lines[0][len("LOSSES_HEX "):])]
+        raise TorchrunFailed(f"expected one RESULT line, found {len(lines)}; output ends:\n{stdout[-2000:]}")
+    result = json.loads(lines[0][len(RESULT):])
+    result["losses"] = [float.fromhex(h) for h in result["losses"]]
+    return result
 
 
-def print_losses(losses):
-    """What a script's rank 0 prints: readable losses, then the exact ones."""
-    print("losses:", [round(v, 6) for v in losses])
-    print("LOSSES_HEX " + json.dumps([float(v).hex() for v in losses]), flush=True)
+def parse_losses(stdout):
+    """The exact per-step losses of the ``RESULT`` line rank 0 printed."""
+    return parse_result(stdout)["losses"]
 
 
 def run_script(script, args=(), nproc=2, timeout=120, env=None):
@@ -239,7 +254,7 @@ def run_two_agents(script, args=(), nproc_per_node=1, timeout=120, env=None):
     commands = [torchrun_command(SCRIPTS / script, args, nproc_per_node, nnodes=2, endpoint=endpoint, run_id=run_id)
                 for _ in range(2)]
     outs, seconds = launch(commands, timeout, env)
-    printed = [o for o in outs if "LOSSES_HEX " in o]  # rank 0 lives on whichever agent got node rank 0
+    printed = [o for o in outs if any(line.startswith(RESULT) for line in o.splitlines())]  # rank 0 lives on whichever agent got node rank 0
     if len(printed) != 1:
         raise TorchrunFailed(f"expected rank 0's losses from exactly one agent, got {len(printed)}")
     return parse_losses(printed[0]), seconds, outs
