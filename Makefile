@@ -76,6 +76,13 @@ lab: setup
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The edit loop: the unit tests less those marked slow, and only the notebooks that the change since QUICK_SINCE
+# touches (the notebook, its lab's solution, its scripts, a utils module it imports: tests/changes.py).
+QUICK_SINCE ?= HEAD
+.PHONY: test-quick
+test-quick: setup  ## unit tests (not slow) + the notebooks your change touches (since QUICK_SINCE=HEAD; e.g. main)
+	$(BIN)/python -m pytest -m "not slow" --changed-since=$(QUICK_SINCE) $(PYTEST_ARGS)
+
 course: setup  ## every notebook with its full parameters, into build/course/, then a table
 	$(BIN)/python tests/notebook_runner.py
 

@@ -73,6 +73,10 @@ def pytest_addoption(parser):
     parser.addoption("--world-sizes", default="suite",
                      help="comma-separated WORLD_SIZE values every notebook is executed with, or 'suite' "
                           "(default): each notebook at its metadata.course.suite_world_sizes")
+    # `make test-quick`: only the notebooks that the change since REV touches (tests/changes.py says how)
+    parser.addoption("--changed-since", default=None, metavar="REV",
+                     help="execute only the notebooks that the change since git revision REV touches: the notebook, "
+                          "its lab's solution, its scripts or a utils module it imports (tests/changes.py)")
 
 
 def pytest_generate_tests(metafunc):
@@ -80,7 +84,12 @@ def pytest_generate_tests(metafunc):
         from notebook_runner import course_notebooks, suite_world_sizes
 
         option = metafunc.config.getoption("--world-sizes")
-        pairs = [(path, n) for path in course_notebooks()
+        paths = course_notebooks()
+        if (rev := metafunc.config.getoption("--changed-since")) is not None:
+            from changes import touched
+
+            paths = touched(paths, rev)
+        pairs = [(path, n) for path in paths
                  for n in (suite_world_sizes(path) if option == "suite" else [int(n) for n in option.split(",")])]
         metafunc.parametrize(("path", "world_size"), pairs,
                              ids=[f"{path.parent.name}/{path.name}-ws{n}" for path, n in pairs])

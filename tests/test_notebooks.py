@@ -15,7 +15,7 @@ import sys
 
 import pytest
 from conftest import NOTEBOOK_TIMES
-from notebook_runner import (BUILD, ROOT, course_notebooks, execute, missing_requirements, parameters_for,
+from notebook_runner import (BUILD, ROOT, course_notebooks, execute, kernel_env, missing_requirements, parameters_for,
                              suite_world_sizes, supported_world_sizes)
 
 
@@ -73,19 +73,34 @@ def _unsupported(path):
     return [] if sizes is None else [n for n in range(1, 7) if n not in sizes]
 
 
-@pytest.mark.notebook
-@pytest.mark.parametrize("path", [p for p in course_notebooks() if _unsupported(p)],
-                         ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_unsupported_world_size_fails_early(path):
-    """The first size a lesson cannot use stops it in its first code cells, with a ValueError naming it."""
+UNSUPPORTED = [p for p in course_notebooks() if _unsupported(p)]
+EARLY_CELLS = 4  # a size the lesson cannot use must stop it within its first 4 code cells
+
+
+@pytest.fixture(scope="module")
+def early_errors(tmp_path_factory):
+    """Every such notebook's first cells at its first unsupported size, all in one Python (tests/early_errors.py):
+    the check needs no kernel and no papermill per notebook. Killed, like a notebook, past its timeout."""
     import json
+    import subprocess
+
+    folder = tmp_path_factory.mktemp("early")
+    jobs = [[str(p), parameters_for(p, SMOKE=True, WORLD_SIZE=_unsupported(p)[0])] for p in UNSUPPORTED]
+    (folder / "in.json").write_text(json.dumps(jobs))
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "early_errors.py"), str(EARLY_CELLS),
+                           str(folder / "in.json"), str(folder / "out.json")], capture_output=True, text=True,
+                          timeout=120 + 20 * len(jobs), env=kernel_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((folder / "out.json").read_text())
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("path", UNSUPPORTED, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_unsupported_world_size_fails_early(path, early_errors):
+    """The first size a lesson cannot use stops it in its first code cells, with a ValueError naming it."""
     import re
 
-    world_size = _unsupported(path)[0]
-    out = BUILD / "test" / "unsupported"
-    ok, seconds, log = execute(path, out, parameters_for(path, SMOKE=True, WORLD_SIZE=world_size), timeout=120)
-    assert not ok, f"{path.name} ran to the end with WORLD_SIZE={world_size}, which its metadata says it cannot use"
-    assert "ValueError" in log and re.search(rf"WORLD_SIZE ?= ?{world_size}\b", log), log[-3000:]  # names the size
-    executed = [c for c in json.loads((out / path.parent.name / path.name).read_text())["cells"]
-                if c["cell_type"] == "code" and c.get("execution_count")]
-    assert len(executed) <= 4, f"{path.name}: the error came only after {len(executed)} code cells"
+    world_size, got = _unsupported(path)[0], early_errors[str(path)]
+    assert got["error"] is not None, (f"{path.name} ran its first {got['cells']} code cells with WORLD_SIZE="
+                                      f"{world_size}, which its metadata says it cannot use, and raised nothing")
+    assert got["error"] == "ValueError" and re.search(rf"WORLD_SIZE ?= ?{world_size}\b", got["message"]), got
