@@ -55,6 +55,7 @@ def _collectives(old_torch):
     return gathered.tolist(), scattered.tolist(), [t.tolist() for t in received], records
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("old_torch", [False, True], ids=["this torch", "torch 2.11 (fallbacks)"])
 def test_compat_collectives_and_their_bytes(old_torch):
     n = 3

@@ -87,6 +87,7 @@ def hangs_in_a_collective():
         time.sleep(600)
 
 
+@pytest.mark.slow
 def test_a_hanging_rank_times_out_showing_where_each_rank_was():
     start = time.monotonic()
     with pytest.raises(RankTimeoutError) as info:
@@ -102,6 +103,7 @@ def _open_fds():
     return len(os.listdir("/proc/self/fd"))
 
 
+@pytest.mark.slow
 def test_twenty_runs_in_a_row_leak_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # our own temporary folder: others use /tmp too
     run_ranks(rank_and_sum, world_size=2, verbose=False)  # warm up lazy imports before counting
@@ -116,6 +118,7 @@ def test_twenty_runs_in_a_row_leak_nothing(tmp_path, monkeypatch):
     assert {d for d in os.listdir(tempfile.gettempdir()) if d.startswith("run_ranks-")} <= tmp  # no rendezvous left
 
 
+@pytest.mark.slow
 def test_two_notebooks_at_once_do_not_clash(tmp_path):
     script = tmp_path / "launch_five_times.py"
     script.write_text(textwrap.dedent("""
@@ -238,6 +241,7 @@ def test_without_a_process_group_for_libraries_that_make_their_own():
     assert run_ranks(dist.is_initialized, world_size=2, process_group=False, verbose=False) == [False, False]
 
 
+@pytest.mark.slow
 def test_the_server_dies_with_its_caller(tmp_path):
     script = tmp_path / "launch_then_wait.py"
     script.write_text(textwrap.dedent("""
@@ -277,6 +281,7 @@ def test_a_rank_uses_openmp_after_the_caller_did():
     assert run_ranks(matmul, world_size=1, timeout=20, verbose=False) == [float(os.cpu_count())]
 
 
+@pytest.mark.slow
 def test_a_rank_returning_at_once_does_not_break_its_peers_connection():
     # Without a barrier after init, rank 1 could return and exit while rank 0 was still connecting
     # to it (seen in 3 of 150 launches): rank 0 then failed with "Connection closed by peer".

@@ -172,11 +172,13 @@ def test_run_rejects_a_mesh_of_the_wrong_size_before_launching():
     expect_rejection(check_plan_run, plan, 2, mistake="mesh_size")
 
 
+@pytest.mark.slow
 def test_run_of_the_reference_plan():
     result = check_plan_run(choose_plan, 2, steps=1)
     assert "gradients equal" in str(result) and "rank 1 (stage 1)" in str(result) and "1F1B" in str(result), result
 
 
+@pytest.mark.slow
 def test_micro_batch_one_is_the_optimum_of_every_job():
     """Why no planted answer is a search that keeps micro_batch at 1: that search is right on every job. The planner
     prices no per-kernel efficiency or per-message latency that a larger micro-batch would win back, so at equal

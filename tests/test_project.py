@@ -100,6 +100,7 @@ def test_layout():
     assert course_notebooks(), "no notebook found: the suite would test nothing"
 
 
+@pytest.mark.slow
 def test_wheel_ships_every_utils_module(tmp_path):
     """`pip install .` (not editable) gives the whole course package: every module of utils/ is in the wheel,
     no reference solution is, and the installed copy imports its subpackages (from the wheel, not this folder)."""

@@ -48,6 +48,7 @@ def _full_then_resumed(root, steps, ckpt_every, resume_from):
     return full, half + rest, no_rng, no_data
 
 
+@pytest.mark.slow
 def test_resume_is_bitwise_and_omissions_are_not(tmp_path):
     full, joined, no_rng, no_data = run_ranks(_full_then_resumed, str(tmp_path), 10, 2, 6, world_size=2,
                                               backend="gloo", timeout=300, verbose=False)[0]

@@ -20,11 +20,13 @@ TOL = dict(rtol=1e-5, atol=1e-5)  # float32 sums in another order than one proce
 STEPS = 3
 
 
+@pytest.mark.slow
 def test_a_bad_mesh_fails_with_the_numbers():
     with pytest.raises(TorchrunFailed, match=r"dp x pp x tp = 1 x 1 x 3 = 3, but torchrun started 2 processes"):
         run_script("09_3d_train.py", ["--tp", 3, "--backend", "gloo"], nproc=2, timeout=300)
 
 
+@pytest.mark.slow
 def test_timeout_kills_the_whole_process_group(tmp_path):
     """An agent that hangs, with a child in a session of its own (as torchrun starts its workers): both must be
     dead when launch raises, and launch must not wait for the child, which holds the agent's stdout."""
@@ -52,6 +54,7 @@ def test_a_failing_agent_reports_its_output():
     assert "about to fail" in str(err.value)
 
 
+@pytest.mark.slow
 def test_run_agents_returns_codes_and_stops_on_until_or_timeout():
     """Lesson 11's use: a failure is a result, not an error; ``until`` and the timeout stop the launch (code None)."""
     codes, outs, _, stopped = run_agents([[sys.executable, "-c", "print('lost a rank'); raise SystemExit(3)"]], 60)

@@ -25,6 +25,7 @@ import build as site  # noqa: E402  website/build.py
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "labs").glob("*.ipynb"))
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+pytestmark = pytest.mark.slow  # the site is built once, ~50 s: left out of `make test-quick`
 
 
 def tiny_png():
