@@ -1,4 +1,4 @@
-"""The two estimators notebook 06 compares a measured step with: ``bubble_at_cost`` and ``start_shift``."""
+"""The two estimators notebook 06b compares a measured step with: ``bubble_at_cost`` and ``start_shift``."""
 
 import pytest
 

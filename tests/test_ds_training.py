@@ -1,4 +1,4 @@
-"""utils.deepspeed.training: lesson 07's shared ZeRO config, model and batches (notebooks 07a and 07b)."""
+"""utils.deepspeed.training: lesson 07's shared ZeRO config, model and batches (notebooks 07b and 07c)."""
 
 import pytest
 import torch

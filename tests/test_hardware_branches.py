@@ -4,7 +4,7 @@ DeepSpeed's accelerator answers ``is_fp16_supported()`` / ``is_bf16_supported()`
 or None (its CPU accelerator returns None on a CPU without fp16, an AMD EPYC). Each answer is faked
 here, and so is a CPU without bf16, to check the normalised facts (``utils.hardware.precision_support``)
 and the branch the lesson takes on them (``half_precision``, ``expected_fp16_outcome``): the same
-functions notebook 07a calls.
+functions notebooks 07a and 07b call.
 """
 
 import sys

@@ -1,6 +1,6 @@
 """utils/pipeline/schedules.py: the schedules, the simulator, the bubble formula and the error messages (pure Python, fast).
 
-The runs on ranks are checked in notebooks/06_pipeline_parallelism.ipynb and tests/test_pipeline_lab.py; the
+The runs on ranks are checked in notebooks/06a_pipeline_schedules.ipynb, 06b_pipeline_bubble.ipynb and tests/test_pipeline_lab.py; the
 interleaved order (lab 06's answer, not in utils) in tests/test_pipeline_lab.py.
 """
 

@@ -82,7 +82,7 @@ def _torch_cpu_facts():
 
 def precision_support(accelerator=None) -> PrecisionSupport:
     """What DeepSpeed's accelerator (default: ``deepspeed.accelerator.get_accelerator()``) and torch say
-    about fp16 and bf16 here, each answer normalised to a bool. Notebook 07a branches on it."""
+    about fp16 and bf16 here, each answer normalised to a bool. Notebooks 07a and 07b branch on it."""
     if accelerator is None:
         from deepspeed.accelerator import get_accelerator  # imported here: utils must not import DeepSpeed eagerly
         accelerator = get_accelerator()

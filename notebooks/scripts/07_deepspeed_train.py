@@ -1,7 +1,7 @@
 """Lesson 07 as a script: the course model on digits under DeepSpeed ZeRO, for torchrun or the
 `deepspeed` launcher, on CPU processes (gloo) or GPUs (NCCL). Run from the repository root:
 
-    # one machine, 2 CPU processes (what notebook 07b runs) or 2 GPUs:
+    # one machine, 2 CPU processes (what notebook 07c runs) or 2 GPUs:
     torchrun --standalone --nproc_per_node 2 notebooks/scripts/07_deepspeed_train.py --stage 2
     deepspeed --num_gpus 2 notebooks/scripts/07_deepspeed_train.py --stage 2            # GPUs
     # several machines: the same command on each node with torchrun (--nnodes, --node_rank,

@@ -198,7 +198,7 @@ def test_lesson_03_memory_calculator_reacts(browser, lab):
 
 
 def test_lesson_06_schedule_explorer_reacts(browser, lab):
-    page = open_notebook(browser, lab, "notebooks/06_pipeline_parallelism.ipynb")
+    page = open_notebook(browser, lab, "notebooks/06b_pipeline_bubble.ipynb")
     cell = cell_with(page, "ScheduleExplorer(schedule_figure")
     run_up_to(page, cell, smoke=True)
     widget = cell.locator(".widget-vbox").first

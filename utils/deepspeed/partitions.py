@@ -1,5 +1,5 @@
-"""What DeepSpeed's ZeRO optimizer holds on one rank, read from its own partitions (lesson 07a,
-notebooks/07a_deepspeed_zero.ipynb, "Counting the bytes"): the 16-bit parameters this rank keeps, the
+"""What DeepSpeed's ZeRO optimizer holds on one rank, read from its own partitions (lesson 07b,
+notebooks/07b_deepspeed_zero.ipynb, "Counting the bytes"): the 16-bit parameters this rank keeps, the
 gradient it keeps for its ``step``, and the fp32 master weights plus the inner optimizer's state.
 
 The attribute names are DeepSpeed 0.19's (``deepspeed/runtime/zero/stage_1_and_2.py`` and ``stage3.py``,

@@ -1,8 +1,8 @@
 """What lesson 07's DeepSpeed launches share: the course model on a rank's device, a ZeRO config sized
 for a small model, and a rank's micro-batch of the digits.
 
-Derived in notebooks/07a_deepspeed_zero.ipynb ("ZeRO in DeepSpeed"), which measures the ZeRO stages
-with them; notebooks/07b_deepspeed_features.ipynb trains with the same three in fp32 to check
+Derived in notebooks/07b_deepspeed_zero.ipynb ("ZeRO in DeepSpeed"), which measures the ZeRO stages
+with them; notebooks/07c_deepspeed_features.ipynb trains with the same three in fp32 to check
 accumulation, clipping, a client optimizer and checkpoints against one process.
 """
 

@@ -1,8 +1,9 @@
 """Pipeline schedules as data: who runs which forward and backward, in which order, and the bubble.
 
-Derived in ``notebooks/06_pipeline_parallelism.ipynb``; the schedule explorer widget there, the
-measured runs (``utils.pipeline.timeline``) and the pipeline lab's checker (``utils.checkers.pipeline_schedule``) all
-use this one module, so the picture the widget draws is the schedule the notebook ran.
+Derived in ``notebooks/06a_pipeline_schedules.ipynb``; the schedule explorer widget of
+``notebooks/06b_pipeline_bubble.ipynb``, the measured runs (``utils.pipeline.timeline``) and the pipeline
+lab's checker (``utils.checkers.pipeline_schedule``) all use this one module, so the picture the widget draws
+is the schedule the notebook ran.
 
 A *schedule* is one list of ops per stage rank, executed in order. An op is a tuple
 ``("F", mb)`` or ``("B", mb)``: forward or backward of micro-batch ``mb`` through this rank's
@@ -100,7 +101,7 @@ def schedule_orders(name: str, stages: int, microbatches: int) -> list[list[tupl
     """The op list of every rank for ``name`` in ("GPipe", "1F1B")."""
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; use one of {list(SCHEDULES)} (interleaved 1F1B is lab 06's "
-                         "to write; notebook 06 takes its order from torch's ScheduleInterleaved1F1B).")
+                         "to write; notebook 06b takes its order from torch's ScheduleInterleaved1F1B).")
     return [SCHEDULES[name](s, stages, microbatches) for s in range(stages)]
 
 
@@ -248,7 +249,7 @@ def bubble_at_cost(intervals: list[Interval], forward: float, backward: float) -
     only lengthens the span, never the work counted. So this estimate is never below the schedule's
     own bubble, (p-1)/(m+p-1) for GPipe and 1F1B, and a disturbance only raises it. ``idle_fraction``
     counts the work as timed instead: a preempted op is timed as busy, and its idle share can fall
-    *below* the formula (notebook 06 shows both).
+    *below* the formula (notebook 06b shows both).
     """
     work = sum(forward if iv.kind == "F" else backward for iv in intervals if iv.kind in ("F", "B"))
     ranks = len({iv.rank for iv in intervals})

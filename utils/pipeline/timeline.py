@@ -1,6 +1,6 @@
 """Run a pipeline schedule on stage ranks with send/recv, record every op's time, draw it as a Gantt chart.
 
-Derived in ``notebooks/06_pipeline_parallelism.ipynb`` (GPipe and 1F1B from scratch); the pipeline
+Derived in ``notebooks/06a_pipeline_schedules.ipynb`` (GPipe and 1F1B from scratch; timed in 06b); the pipeline
 lab's checker (``utils.checkers.pipeline_schedule``) runs the learner's op lists through the same
 ``run_stage``. The op lists come from ``utils.pipeline`` (``("F", mb)``, ``("B", mb)``).
 

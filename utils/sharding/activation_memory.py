@@ -1,4 +1,4 @@
-"""What autograd keeps for backward, counted: lesson 07b (notebooks/07b_deepspeed_features.ipynb, activation
+"""What autograd keeps for backward, counted: lesson 07c (notebooks/07c_deepspeed_features.ipynb, activation
 checkpointing) derives it, lesson 08b (notebooks/08b_lightning_speedups.ipynb, ``no_grad`` at evaluation)
 uses it again.
 

@@ -1,7 +1,7 @@
 """A memory ledger: how many bytes does this rank hold, and in what?
 
 Derived in notebook 03 (ZeRO from scratch), where each ZeRO stage's per-rank bytes are put
-beside the paper's formulas; used again by notebooks 04 (FSDP2) and 07a (DeepSpeed). Two measurements that work for *any* library, ours or FSDP2 or
+beside the paper's formulas; used again by notebooks 04 (FSDP2) and 07b (DeepSpeed). Two measurements that work for *any* library, ours or FSDP2 or
 DeepSpeed, because they look at what the process actually holds rather than at one API:
 
 - ``live_tensor_bytes()``: the bytes of every tensor alive in this process, found through Python's
@@ -90,7 +90,7 @@ def zero_bytes_per_rank(num_params, world_size, stage, param_bytes=2, grad_bytes
 
     Model states only: activations, temporary buffers and fragmentation come on top. Returns a dict
     of floats (bytes) with keys params, grads, optim, total. DeepSpeed's own estimators budget more
-    (for stage 2, 2 Psi + 18 Psi/N bytes: a transient fp32 gradient slice too); notebook 07a calls them.
+    (for stage 2, 2 Psi + 18 Psi/N bytes: a transient fp32 gradient slice too); notebook 07b calls them.
     """
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"ZeRO stage must be 0 (plain DP), 1, 2 or 3, not {stage!r}")

@@ -1,6 +1,6 @@
-"""The pipeline schedule explorer of notebook 06: sliders around the notebook's ``schedule_figure``.
+"""The pipeline schedule explorer of notebook 06b: sliders around the notebook's ``schedule_figure``.
 
-Notebook 06 writes ``schedule_figure(stages, microbatches, schedule, backward_cost)``, which simulates a
+Notebook 06b writes ``schedule_figure(stages, microbatches, schedule, backward_cost)``, which simulates a
 schedule with ``utils.pipeline`` and returns its matplotlib figure, or the error as text for a schedule
 that cannot exist. This widget draws that figure on every change. What a browser showed and a headless run
 cannot, and what is done about it:
