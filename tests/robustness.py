@@ -27,10 +27,10 @@ from notebook_runner import BUILD, ROOT, execute, parameters_for
 
 # Notebooks whose asserts involve a time: 00 (a crashed rank is reported within seconds), 01 (our ring
 # vs gloo), 07a (the first DeepSpeed cell compiles nothing: timed), 05 (the naive split's idle
-# share), 06 (the bubble), 08b (data-loading workers).
+# share), 06b (the bubble), 08b (data-loading workers).
 TIMING_SENSITIVE = ["notebooks/00_start_here.ipynb", "notebooks/01_collectives.ipynb",
                     "notebooks/05_model_parallelism.ipynb",
-                    "notebooks/06_pipeline_parallelism.ipynb", "notebooks/07a_deepspeed_zero.ipynb",
+                    "notebooks/06b_pipeline_bubble.ipynb", "notebooks/07a_deepspeed_config.ipynb",
                     "notebooks/08b_lightning_speedups.ipynb"]
 BUSY_LOOP = "while True: pass"
 

@@ -12,12 +12,12 @@ Each module holds one idea and names the notebook that derives it; each folder's
 - ``utils.lesson_training``: the training loops of lessons 02 (DDP), 04 (FSDP2) and 06 (pipeline) as functions their
   ``torchrun`` scripts call, and their one-process ``reference_losses`` (notebooks 02, 04, 06, 10).
 - ``utils.sharding``: what a rank holds and sharding it: ``memory`` (notebook 03; used by 04 and 07), ``adam``,
-  ``activation_memory`` (notebook 07b; used by 08b).
+  ``activation_memory`` (notebook 07c; used by 08b).
 - ``utils.tensor_parallel``: which tensor-parallel degrees fit a model, ``check_tp_degree`` (notebook 05).
 - ``utils.pipeline``: ``schedules`` (GPipe, 1F1B, interleaved as op lists, their simulator, the bubble; re-exported
-  by the package) and ``timeline`` (a schedule run on stage ranks, timed, drawn) (notebook 06).
+  by the package) and ``timeline`` (a schedule run on stage ranks, timed, drawn) (notebooks 06a, 06b).
 - ``utils.deepspeed``: DeepSpeed without a compiler (``cpu``), its config checked (``schema``, ``config``), lesson
-  07's shared launch pieces (``training``) and the ZeRO optimizer's partitions (``partitions``) (notebooks 07a, 07b).
+  07's shared launch pieces (``training``) and the ZeRO optimizer's partitions (``partitions``) (notebooks 07a-07c).
 - ``utils.lightning``: ``toy`` (``LitToy`` and its runs), ``ddp_notebook``, ``speedups``, ``compile_check``,
   ``gpt_benchmark`` (notebooks 02, 08a, 08b).
 - ``utils.mesh``: ``mesh3d``, ``parallelize3d`` and ``mfu``: the 3-D mesh, the tiny Llama trained on it, its MFU
@@ -29,7 +29,7 @@ Each module holds one idea and names the notebook that derives it; each folder's
 - ``utils.fx``: ``cost`` (a cost model read off a ``torch.fx`` graph, the balanced pipeline split) and ``passes``
   (Megatron's MLP split as a graph rewrite) (notebook 12).
 - ``utils.frameworks``: ``tf_toynet``, the course model in TensorFlow (notebook 13, optional ``[frameworks]`` extra).
-- ``utils.widgets``: the ipywidgets front ends: ``memory`` (notebook 03), ``pipeline`` (06), ``planner`` (09).
+- ``utils.widgets``: the ipywidgets front ends: ``memory`` (notebook 03), ``pipeline`` (06b), ``planner`` (09).
 - ``utils.checkers``: the labs' checkers, one module per lab named like ``labs/solutions/``, and ``common``
   (``LabCheckFailed``, ``CheckResult``, ``fail``, tolerances).
 
