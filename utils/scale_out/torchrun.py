@@ -27,7 +27,7 @@ from pathlib import Path
 __all__ = ["ROOT", "SCRIPTS", "init_from_env", "free_port", "torchrun_command", "run_agents", "launch", "run_script",
            "run_two_agents", "parse_losses", "print_losses", "finish", "TorchrunFailed"]
 
-ROOT = Path(__file__).resolve().parents[1]  # the repository
+ROOT = Path(__file__).resolve().parents[2]  # the repository (utils/scale_out/torchrun.py)
 SCRIPTS = ROOT / "notebooks" / "scripts"
 
 
