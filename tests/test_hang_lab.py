@@ -1,11 +1,14 @@
-"""Lab 11's checker (hang debugging) accepts the reference answers and rejects planted wrong ones, each with its hint.
+"""Lab 11's checker (hang debugging, labs 11a and 11b) accepts the reference answers and rejects planted wrong ones,
+each with its hint.
 
 The wrong answers are what a learner in a hurry writes: the wrong bug named, the broken program handed in
 unchanged (it still hangs, and must be stopped by the checker's timeout, not hang the test), a "fix" that
 avoids the hang by removing the communication, one that computes every rank's part on every rank, and fixes
-that run but compute the wrong numbers. The lab notebook itself runs in tests/test_notebooks.py.
+that run but compute the wrong numbers. The lab notebooks themselves run in tests/test_notebooks.py; here, that
+each shows and grades its own three programs.
 """
 
+import json
 import sys
 
 import pytest
@@ -17,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from lab_grading import expect_rejection
 from notebook_runner import ROOT
 from utils import rank_device
-from utils.checkers.hang_debugging import (BUG_KINDS, PROGRAMS, check_diagnosis, check_fix, make_data,
+from utils.checkers.hang_debugging import (BUG_KINDS, LABS, PROGRAMS, check_diagnosis, check_fix, make_data,
                                            references)
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
@@ -160,6 +163,25 @@ def test_two_programs_share_a_kind_and_one_kind_is_a_decoy():
     """Naming the kinds by elimination must not work: a kind used twice, one used by no program."""
     assert PROGRAMS == reference.DIAGNOSES and set(PROGRAMS.values()) < set(BUG_KINDS)
     assert len(set(PROGRAMS.values())) == len(BUG_KINDS) - 1 == len(PROGRAMS) - 1
+
+
+def lab_code(lab):
+    path = next((ROOT / "labs").glob(f"{lab}_*_lab.ipynb"))
+    return "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
+
+
+@pytest.mark.parametrize("lab", sorted(LABS))
+def test_each_lab_shows_and_grades_its_own_three_programs(lab):
+    """Labs 11a and 11b split the six programs; in each, all six kinds are offered for three programs, so at least
+    three kinds fit none of its programs and naming them by elimination does not work there either."""
+    assert sorted(p for programs in LABS.values() for p in programs) == sorted(PROGRAMS)  # each program in one lab
+    code = lab_code(lab)
+    for program in PROGRAMS:
+        shown = f"def program_{program}(" in code and f"def fixed_{program}(" in code
+        graded = f'"{program}": (diagnosis_{program}, fixed_{program})' in code
+        assert shown == graded == (program in LABS[lab]), (lab, program, shown, graded)
+    assert len(BUG_KINDS) - len({PROGRAMS[p] for p in LABS[lab]}) >= 3
+    assert "BUG_KINDS" in code and "DIAGNOSES[k] for k in" in code
 
 
 def test_wrong_diagnosis_is_rejected_with_what_the_report_shows():

@@ -1,4 +1,4 @@
-"""utils.scale_out.resume, the loop of lesson 11: its bookkeeping, its refusals, and a resume that is bitwise exact."""
+"""utils.scale_out.resume, the loop of lesson 11a: its bookkeeping, its refusals, and a resume that is bitwise exact."""
 
 import pytest
 import torch.distributed as dist

@@ -1,4 +1,5 @@
-"""Reference answers of lab 11 (hang debugging): the diagnosis of each broken program, and the program fixed.
+"""Reference answers of labs 11a (programs A-C) and 11b (D-F), hang debugging: the diagnosis of each broken program,
+and the program fixed.
 
 Each fix changes as little as possible of the broken program in the lab, and keeps its communication.
 """

@@ -1,4 +1,4 @@
-"""Lesson 11's training run under torchrun: checkpoints every k steps, can kill one of its ranks, resumes.
+"""Lesson 11a's training run under torchrun: checkpoints every k steps, can kill one of its ranks, resumes.
 
     torchrun --standalone --nproc-per-node 2 notebooks/scripts/11_resume_train.py \\
         --steps 24 --ckpt-every 4 --ckpt-dir /tmp/ckpt --losses /tmp/losses.jsonl --kill-rank 1 --kill-step 10

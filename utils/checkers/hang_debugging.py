@@ -1,6 +1,8 @@
 """The checker of lab 11 (hang debugging): six broken programs, their data, their right answers, and the grading.
 
-Used by ``labs/11_hang_debugging_lab.ipynb``, which shows each broken program failing. Same conventions as
+Lab 11 comes in two parts that grade themselves (``LABS``): ``labs/11a_collective_hangs_lab.ipynb`` shows programs
+A, B and C failing, ``labs/11b_send_and_ddp_hangs_lab.ipynb`` programs D, E and F. Both offer the same six
+``BUG_KINDS``; over the two labs one kind is planted twice and one in no program. Same conventions as
 every lab (``utils.checkers.common``). Every program takes the *whole* data set, the same on every rank (as a
 script loads its data set), and picks its own part by rank. The checker grades a learner's answer to one
 program on two counts:
@@ -30,8 +32,10 @@ BUG_KINDS = {
     "wrong_device": "a tensor or module is on another device than the one the rank should use",
     "too_slow": "every rank makes the same calls, but one rank's work outlasts the timeout",
 }
-# Two programs share a kind and one kind is planted in none: naming the kinds by elimination does not work.
+# Two programs share a kind and one kind is planted in none: naming the kinds by elimination does not work. Each lab
+# offers all six kinds for its three programs, so there too three kinds fit none of them.
 PROGRAMS = {"A": "skipped", "B": "shape", "C": "order", "D": "unmatched_send", "E": "wrong_device", "F": "skipped"}
+LABS = {"11a": ("A", "B", "C"), "11b": ("D", "E", "F")}  # which lab shows (and grades) which programs
 SYNC_ONLY = ("barrier", "monitored_barrier")  # calls that move no data: not evidence that the ranks communicate
 DDP_PROGRAMS = ("E", "F")  # their communication happens inside torch's DDP, in C++
 NUM_CLASSES = 8  # program B's labels

@@ -14,6 +14,8 @@ file           runs in      does
                             group, runs the function, sends the result back; ``rank_device``
 ``errors.py``  the kernel   which rank failed first; where hung ranks were stuck
 ``magic.py``   the kernel   ``%%ranks N``: a cell's code as the function
+``report.py``  the kernel   a failed launch in one line per rank: the call each waits in
+                            and the program's line that made it (labs 11a and 11b)
 =============  ===========  ==============================================================
 
 Read them in that order. What the package offers the rest of the course is listed in ``__all__``.
