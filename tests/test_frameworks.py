@@ -1,8 +1,9 @@
-"""The optional lesson 13 (other frameworks): its model and step in TensorFlow, and how the suite skips it.
+"""The optional lesson 13 (other frameworks, parts 13a and 13b): its torch reference, its model and step in
+TensorFlow, and how the suite skips it.
 
-``make test-frameworks`` runs these and notebook 13 itself (after ``make frameworks`` installs the
+``make test-frameworks`` runs these and notebooks 13a and 13b themselves (after ``make frameworks`` installs the
 [frameworks] extra). Without TensorFlow, the TensorFlow tests here skip with the reason, and the
-default suite skips notebook 13 (``metadata.course.requires``, tests/notebook_runner.py).
+default suite skips both parts (``metadata.course.requires``, tests/notebook_runner.py).
 """
 
 import json
@@ -14,11 +15,12 @@ from notebook_runner import ROOT, course_metadata, missing_requirements
 
 import utils
 
-NOTEBOOK = ROOT / "notebooks" / "13_other_frameworks.ipynb"
+NOTEBOOKS = [ROOT / "notebooks" / "13a_frameworks_one_process.ipynb", ROOT / "notebooks" / "13b_frameworks_workers_horovod.ipynb"]
 
 
-def test_notebook_declares_what_it_needs():
-    meta = course_metadata(NOTEBOOK)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_declares_what_it_needs(path):
+    meta = course_metadata(path)
     assert meta["requires"] == ["tensorflow"] and meta["suite_world_sizes"] == [2]
     assert 2 in meta["world_sizes"] and meta["test_timeout"] >= 300
 
@@ -32,6 +34,25 @@ def test_missing_requirement_is_named(tmp_path):
 
     assert missing_requirements(notebook(["torch", "no_such_module_for_lesson_13"])) == ["no_such_module_for_lesson_13"]
     assert missing_requirements(notebook(["torch"])) == []
+
+
+def test_reference_ddp_equals_one_process():
+    """utils.frameworks.reference (torch only): DDP's step on 2 ranks reproduces the one-process step; a wrong
+    gradient is refused by check()."""
+    from utils.frameworks.reference import SAME_FRAMEWORK, check, first_batch, torch_ddp_step, torch_reference
+
+    x, y = first_batch(24)
+    assert x.shape == (24, 64) and y.shape == (24,)
+    ref = torch_reference(x, y, lr=0.5)
+    assert list(ref["grads"]) == [n for n, p in utils.ToyNet().named_parameters() if p.requires_grad]
+    for name, g in ref["grads"].items():  # one SGD step, from the initial weights
+        torch.testing.assert_close(ref["after"][name], ref["init_state"][name] - 0.5 * g)
+    ddp = utils.run_ranks(torch_ddp_step, x, y, 0.5, world_size=2, verbose=False)
+    for r in ddp:
+        assert check("DDP grads", r["grads"], ref["grads"], SAME_FRAMEWORK) < 1e-5
+        check("DDP weights", r["after"], ref["after"], SAME_FRAMEWORK)
+    with pytest.raises(AssertionError):
+        check("grads x 2", {k: 2 * v for k, v in ref["grads"].items()}, ref["grads"], SAME_FRAMEWORK)
 
 
 def _state_and_batch(batch=48):

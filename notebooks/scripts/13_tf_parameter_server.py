@@ -1,4 +1,4 @@
-"""Lesson 13's parameter-server cluster, all in one process: N workers, one ps, and the coordinator.
+"""Lesson 13b's parameter-server cluster, all in one process: N workers, one ps, and the coordinator.
 
     python 13_tf_parameter_server.py --workers 2 --inputs in.npz --out ps.npz --lr 0.5
 

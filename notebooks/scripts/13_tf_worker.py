@@ -1,4 +1,4 @@
-"""One worker of lesson 13's MultiWorkerMirroredStrategy job: one process, one replica, ring all-reduce.
+"""One worker of lesson 13b's MultiWorkerMirroredStrategy job: one process, one replica, ring all-reduce.
 
 Notebook 13 starts WORLD_SIZE copies of this script, each with its own TF_CONFIG (the cluster's
 addresses and which task this process is), as a cluster scheduler would:

@@ -1,7 +1,7 @@
 """The course model in TensorFlow, and one data-parallel step written for any ``tf.distribute`` strategy.
 
-Derived in notebook 13 (other frameworks), which runs the step under ``MirroredStrategy`` in the kernel
-and ``MultiWorkerMirroredStrategy`` in worker processes (``notebooks/scripts/13_tf_worker.py``): both
+Derived in lesson 13 (other frameworks), which runs the step under ``MirroredStrategy`` in the kernel
+(notebook 13a) and ``MultiWorkerMirroredStrategy`` in worker processes (notebook 13b, ``notebooks/scripts/13_tf_worker.py``): both
 need the same model and the same step, so they live here, once.
 
 ``TFToyNet`` is ``utils.ToyNet`` (notebook 02) written with ``tf.Variable``s and built from a torch
