@@ -97,7 +97,7 @@ def nav(readme: str, pages: list[str]):
     for title, links in course_map(readme):
         for link in links:
             if link in pages and link not in seen:
-                label = title if link.startswith("notebooks/") else f"{title.split(' · ')[0]} · lab"
+                label = title if link.startswith("notebooks/") else f"{Path(link).stem.split('_')[0]} · lab"  # 11a, 11b
                 entries.append({label: link})
                 seen.add(link)
     rest = [p for p in pages if p not in seen]
