@@ -110,7 +110,7 @@ def whole_tensor_doubling(tensor):
 
 
 def ring(tensor):
-    """Lesson 01's ring: right sums and bytes, 2(n-1) messages to rank + 1."""
+    """Lesson 01b's ring: right sums and bytes, 2(n-1) messages to rank + 1."""
     rank, n = dist.get_rank(), dist.get_world_size()
     chunks, right, left = torch.tensor_split(tensor.view(-1), n), (rank + 1) % n, (rank - 1) % n
     for step in range(n - 1):

@@ -2,7 +2,7 @@
 
 Recursive halving, then recursive doubling (R. Rabenseifner, *Optimization of collective reduction
 operations*, ICCS 2004; Thakur, Rabenseifner & Gropp, *Optimization of collective communication
-operations in MPICH*, 2005). Lesson 01's ring sends the bandwidth-optimal 2(n-1)/n of the tensor,
+operations in MPICH*, 2005). Lesson 01b's ring sends the bandwidth-optimal 2(n-1)/n of the tensor,
 but in 2(n-1) steps one after the other; this algorithm sends the same bytes in 2 log2(n) steps.
 For p ranks, p a power of two, with virtual ranks v = 0 .. p-1:
 

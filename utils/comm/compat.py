@@ -14,7 +14,7 @@ torch moves under a course that must run for years. Three differences meet the l
 Each function looks up ``torch.distributed``'s function when it is *called*, so ``CommLedger``'s
 wrappers and a test's monkeypatching take effect. ``CommLedger`` also wraps these three functions,
 so a call through them is recorded once, under the name used here, whichever route it took
-(notebook 01, lab 03 and its tests). Call them through the module (``utils.comm.compat.all_to_all``):
+(notebook 01a, lab 03 and its tests). Call them through the module (``utils.comm.compat.all_to_all``):
 a name imported with ``from utils.comm.compat import ...`` escapes the ledger.
 """
 

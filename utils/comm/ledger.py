@@ -1,6 +1,6 @@
 """A communication ledger: what did this rank send, how many bytes, and how long did it take?
 
-Derived in notebook 01 (collectives) and used by every later lesson to put *measured* bytes beside
+Derived in notebook 01a (collectives) and 01b (the ring) and used by every later lesson to put *measured* bytes beside
 the formulas::
 
     with CommLedger() as ledger:          # inside a rank
@@ -26,7 +26,7 @@ Two byte counts per call:
   recv/irecv it is zero (the bytes are counted once, by the sender). For a collective it is the
   cost of the ring algorithm, the convention of nccl-tests: all-reduce sends 2(n-1)/n of its
   payload, all-gather, reduce-scatter and all-to-all (n-1)/n, broadcast and reduce 1x. A ring
-  written from send/recv (notebook 01) is therefore measured, not modelled.
+  written from send/recv (notebook 01b) is therefore measured, not modelled.
 
 And one reading that is not a model at all: ``loopback_bytes()``, the byte counter of the
 machine's loopback network interface, which gloo ranks on one machine talk through (notebook 02
