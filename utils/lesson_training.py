@@ -24,7 +24,7 @@ from .models import ToyNet
 
 __all__ = ["DDP_BATCH", "DDP_LR", "FSDP_BATCH", "FSDP_LR", "PIPE_BATCH", "PIPE_LR", "SPLIT_NAMES", "batch",
            "digits_in_order", "make_model", "make_optimizer", "reference_losses", "ddp_losses", "fsdp_losses",
-           "pipeline_losses", "allreduce_hook", "traced_stage", "say_step"]
+           "pipeline_losses", "allreduce_hook", "traced_stage", "say_step", "fsdp_batch", "fsdp_reference"]
 
 DDP_BATCH, DDP_LR = 240, 0.5  # lesson 02: global batch, plain SGD learning rate
 FSDP_BATCH, FSDP_LR = 120, 1e-3  # lesson 04: global batch, Adam learning rate
@@ -73,6 +73,36 @@ def reference_losses(steps, size, optimizer, lr, hidden=64, ordered=True):
         opt.step()
         losses.append(loss.item())
     return losses
+
+
+def fsdp_batch(step, rank=0, n=1, device="cpu", size=FSDP_BATCH):
+    """Rank `rank`'s slice of lesson 04's global batch `step`: (size/n, 64) inputs, (size/n,) labels.
+
+    Equal slices on purpose: every rank's loss is a mean over its own slice and the ranks' gradients
+    are then averaged, which is the global mean only when the slices are equal. With 64 rows on 3
+    ranks (22 + 22 + 20), each of rank 2's rows weighed 1/60 and the others' 1/66 instead of 1/64,
+    and FSDP2 ended 3.8e-3 away from one process after 3 steps, 380x the tolerance lesson 04a uses.
+    Derived in lesson 04a (notebooks/04a_fsdp2_zero_redundancy.ipynb); lesson 04b trains on the same batches."""
+    if size % n:
+        raise ValueError(f"a global batch of {size} does not split into {n} equal slices; use a multiple of {n}")
+    x, y = batch(step, size, ordered=False)  # rows [step*size, (step+1)*size) of the digits
+    return x.chunk(n)[rank].to(device), y.chunk(n)[rank].to(device)
+
+
+def fsdp_reference(steps, hidden=512, lr=FSDP_LR, size=FSDP_BATCH):
+    """One process, the whole global batch, plain Adam (lesson 04a): what every sharded run must reproduce.
+    Returns the final state dict (detached copies) and the losses of the global batches ``steps``."""
+    model = make_model(hidden=hidden)
+    opt = make_optimizer(model.parameters(), "adam", lr)
+    losses = []
+    for step in steps:
+        x, y = fsdp_batch(step, size=size)
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
 
 
 def say_step(step, steps, loss):

@@ -4,7 +4,7 @@
 
 The loop is ``utils.lesson_training.fsdp_losses``: ``fully_shard`` on embed, on the tied mix1/mix2 pair (one
 group) and on head, then the root; each rank trains on its 1/n of 120 digits per step. Rank 0 prints the
-per-step global losses (``RESULT``), which lesson 04 compares with its own FSDP2 cells.
+per-step global losses (``RESULT``), which lesson 04a compares with its own FSDP2 cells.
 """
 
 import argparse

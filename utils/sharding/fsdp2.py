@@ -1,4 +1,4 @@
-"""FSDP2 on the course model, the plan lesson 04 derives (notebooks/04_sharding_in_pytorch.ipynb): the blocks
+"""FSDP2 on the course model, the plan lesson 04a derives (notebooks/04a_fsdp2_zero_redundancy.ipynb): the blocks
 first, the root last, and the tied mix1/mix2 pair in one group. Lesson 04's script and lesson 08's
 ``LitToy.configure_model`` apply the same plan from here."""
 
