@@ -8,7 +8,7 @@ Each module holds one idea and names the notebook that derives it; each folder's
 - ``utils.models``: ``ToyNet``, the course model with a frozen parameter, a buffer and a tied weight (notebook 02).
 - ``utils.datasets``: small real data sets shipped inside packages, e.g. ``digits()`` (notebook 02), and
   ``AugmentedDigits``, augmented in pure Python (notebooks 08a and 08b).
-- ``utils.comm``: collectives and what they send: ``ledger`` (``CommLedger``, notebook 01), ``compat``.
+- ``utils.comm``: collectives and what they send: ``ledger`` (``CommLedger``, notebook 01b), ``p2p`` (``sendrecv``, notebook 01a), ``compat``.
 - ``utils.lesson_training``: the training loops of lessons 02 (DDP), 04 (FSDP2) and 06 (pipeline) as functions their
   ``torchrun`` scripts call, and their one-process ``reference_losses`` (notebooks 02, 04, 06, 10).
 - ``utils.sharding``: what a rank holds and sharding it: ``memory`` (notebook 03; used by 04 and 07), ``adam``,

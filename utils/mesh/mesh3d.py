@@ -8,7 +8,7 @@ lesson can show the parallelism itself:
   model (heads, layers, batch), and ``meshes(world_size)`` lists the factorisations of a size.
 - ``MeshCommLedger``: every collective and point-to-point message a rank runs, *attributed to a mesh
   dimension by its process group*. ``utils.CommLedger`` (lesson 01) wraps ``torch.distributed``'s
-  Python functions, so it does not see DTensor's functional collectives (lesson 04); this ledger is
+  Python functions, so it does not see DTensor's functional collectives (lesson 04b); this ledger is
   a ``TorchDispatchMode``, like torch's ``CommDebugMode``, so it sees the ops themselves: FSDP2's
   all-gathers and reduce-scatters (``c10d`` ops), DTensor's (``_c10d_functional`` ops) and the
   pipeline's sends (``c10d.send``). Wire bytes use lesson 01's ring convention (``RING_WIRE_FACTOR``).

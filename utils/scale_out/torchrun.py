@@ -66,7 +66,7 @@ def finish(code=0):
     then outlive ``main()``; if one drops its last reference to a tensor while Python is shutting down, it
     needs the interpreter lock that no longer exists and the process aborts with SIGABRT ("terminate called
     without an active exception") after printing correct results. On 2 cores that was 1 run in 3 at 3 ranks
-    (lesson 04's script), and torchrun reports it as a failed rank. ``os._exit`` skips that teardown; it is
+    (lesson 04a's script), and torchrun reports it as a failed rank. ``os._exit`` skips that teardown; it is
     also how every ``multiprocessing`` child, and every rank of the course's notebook launcher, ends."""
     import torch.distributed as dist
     if dist.is_initialized():
