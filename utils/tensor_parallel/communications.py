@@ -1,5 +1,5 @@
 """Megatron-LM's two conjugate operators of tensor parallelism (Shoeybi et al. 2019, arXiv 1909.08053, section 3),
-written in lesson 05 (notebooks/05_model_parallelism.ipynb) and used again by lesson 12's graph rewrite
+written in lesson 05 (notebooks/05a_tensor_parallelism.ipynb) and used again by lesson 12's graph rewrite
 (``utils.fx.passes``): the communication of a tensor-parallel MLP, kept beside the degrees it runs on.
 
 - ``f`` = ``CopyToTensorParallelRegion``: identity forward, all-reduce backward (before the column-parallel layer);
