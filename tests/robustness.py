@@ -26,10 +26,10 @@ import psutil
 from notebook_runner import BUILD, ROOT, execute, parameters_for
 
 # Notebooks whose asserts involve a time: 00 (a crashed rank is reported within seconds), 01b (our ring
-# vs gloo), 07a (the first DeepSpeed cell compiles nothing: timed), 05 (the naive split's idle
+# vs gloo), 07a (the first DeepSpeed cell compiles nothing: timed), 05a (the naive split's idle
 # share), 06b (the bubble), 08b (data-loading workers).
 TIMING_SENSITIVE = ["notebooks/00_start_here.ipynb", "notebooks/01b_ring_all_reduce.ipynb",
-                    "notebooks/05_model_parallelism.ipynb",
+                    "notebooks/05a_tensor_parallelism.ipynb",
                     "notebooks/06b_pipeline_bubble.ipynb", "notebooks/07a_deepspeed_config.ipynb",
                     "notebooks/08b_lightning_speedups.ipynb"]
 BUSY_LOOP = "while True: pass"
