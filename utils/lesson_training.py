@@ -1,6 +1,6 @@
 """What lessons 02, 04 and 06 and their ``torchrun`` scripts share: one definition, imported by both.
 
-Lesson 02 (``notebooks/02_data_parallelism.ipynb``) derives torch DDP with a Python all-reduce hook, lesson 04
+Lesson 02 (``notebooks/02b_ddp_in_practice.ipynb``) derives torch DDP with a Python all-reduce hook, lesson 04
 FSDP2 on the course model, lesson 06 the course model cut into pipeline stages by ``torch.distributed.pipelining``.
 Each lesson imports from here its model (``make_model``), its data order (``batch``) and the piece its technique
 adds (02: ``allreduce_hook``; 04: ``utils.sharding.fsdp2.shard_with_fsdp2``; 06: ``traced_stage``), and writes
