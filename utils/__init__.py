@@ -5,10 +5,12 @@ Each module holds one idea and names the notebook that derives it; each folder's
 - ``utils.launch``: ``run_ranks`` and the ``%%ranks N`` magic, the launcher behind every multi-rank cell: a package
   whose files each run in one process (kernel, rank server, rank) (notebook 00).
 - ``utils.hardware``: what this machine has, said out loud (notebook 00).
-- ``utils.models``: ``ToyNet``, the course model with a frozen parameter, a buffer and a tied weight (notebook 02).
-- ``utils.datasets``: small real data sets shipped inside packages, e.g. ``digits()`` (notebook 02), and
+- ``utils.models``: ``ToyNet``, the course model with a frozen parameter, a buffer and a tied weight (notebook 02a).
+- ``utils.datasets``: small real data sets shipped inside packages, e.g. ``digits()`` (notebook 02a), and
   ``AugmentedDigits``, augmented in pure Python (notebooks 08a and 08b).
 - ``utils.comm``: collectives and what they send: ``ledger`` (``CommLedger``, notebook 01b), ``p2p`` (``sendrecv``, notebook 01a), ``compat``.
+- ``utils.data_parallel``: ``scratch`` (lesson 02's DDP from scratch; notebooks 02a and 02b) and ``buckets`` (torch
+  DDP's and DeepSpeed's bucket rules; labs 02 and 03).
 - ``utils.lesson_training``: the training loops of lessons 02 (DDP), 04 (FSDP2) and 06 (pipeline) as functions their
   ``torchrun`` scripts call, and their one-process ``reference_losses`` (notebooks 02, 04, 06, 10).
 - ``utils.sharding``: what a rank holds and sharding it: ``memory`` (notebook 03; used by 04 and 07), ``adam``,

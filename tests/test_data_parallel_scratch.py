@@ -1,4 +1,4 @@
-"""utils.scratch_ddp: lesson 02's DDP from scratch (notebooks 02a and 02b)."""
+"""utils.data_parallel.scratch: lesson 02's DDP from scratch (notebooks 02a and 02b)."""
 
 import torch
 import torch.distributed as dist
@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from utils import run_ranks
 from utils.lesson_training import batch, make_model
-from utils.scratch_ddp import allreduce_gradients, broadcast_state, cpu_state, global_losses, max_diff, train_single
+from utils.data_parallel.scratch import allreduce_gradients, broadcast_state, cpu_state, global_losses, max_diff, train_single
 
 
 def _two_steps(steps, size, lr, broadcast):

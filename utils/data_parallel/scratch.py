@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .lesson_training import batch, make_model
+from ..lesson_training import batch, make_model
 
 __all__ = ["train_single", "broadcast_state", "allreduce_gradients", "cpu_state", "max_diff", "global_losses"]
 
