@@ -1,6 +1,6 @@
 """A tiny Hugging Face Llama trained on a 3-D ``DeviceMesh``: pipeline split, tensor parallelism, FSDP2 (notebook 09).
 
-Lesson 09 (``notebooks/09_3d_parallelism.ipynb``) derives every piece of this module and shows its source;
+Lesson 09 (``notebooks/09a_3d_mesh.ipynb``; part 2, ``09b_3d_costs_and_planner.ipynb``, measures its costs) derives every piece of this module and shows its source;
 the checker of lab 09 (``utils/checkers/plan_3d.py``) runs the learner's plan through the same code, so
 there is one copy. Read it in this order:
 
