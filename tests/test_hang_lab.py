@@ -194,6 +194,7 @@ def test_wrong_diagnosis_is_rejected_with_what_the_report_shows():
         check_diagnosis("A", None)
 
 
+@pytest.mark.slow
 def test_a_fix_that_still_hangs_is_stopped_and_rejected():
     expect_rejection(check_fix, "C", "order", still_ordered_differently, world_sizes=(2,), timeout=HANG_TIMEOUT,
                      mistake="deadlock", phrase="TORCH_DISTRIBUTED_DEBUG=DETAIL")

@@ -147,6 +147,7 @@ def stub(tensor):
     raise NotImplementedError("halving_doubling_all_reduce: not written yet")
 
 
+@pytest.mark.slow
 def test_halving_doubling_reference_passes():
     result = check_halving_doubling(halving_doubling_all_reduce, world_sizes=(2, 3, 4, 5, 6))
     assert "world_size=6" in str(result) and "(formula 10.0000)" in str(result), result  # 2(p-1) + 2 rem, p=4
@@ -175,6 +176,7 @@ def test_halving_doubling_rejects(wrong, world_sizes, mistake, phrase):
                      phrase=phrase)
 
 
+@pytest.mark.slow
 def test_halving_doubling_rejects_deadlock():
     expect_rejection(check_halving_doubling, blocking_exchange, world_sizes=(2,), timeout=5, mistake="deadlock",
                      phrase="waits for the matching recv")
@@ -326,6 +328,7 @@ class Stub:
         raise NotImplementedError("BucketedDDP: not written yet")
 
 
+@pytest.mark.slow
 def test_ddp_reference_passes():
     result = check_ddp(BucketedDDP, world_sizes=(2, 3, 4, 5, 6), steps=2)
     assert "cap 4,096 B: 2 bucket(s)" in str(result) and "world_size=6" in str(result), result

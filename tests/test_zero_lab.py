@@ -259,6 +259,7 @@ class Stub(BucketedZeRO2):
         raise NotImplementedError("BucketedZeRO2 is not written yet")
 
 
+@pytest.mark.slow
 def test_reference_passes_at_every_world_size():
     result = check_bucketed_zero2(BucketedZeRO2, make_buckets, world_sizes=(1, 2, 3, 4, 5, 6), steps=2)
     for n in (2, 3, 6):
