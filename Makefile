@@ -73,15 +73,20 @@ lab: setup
 	@# root_dir: opening a file alone would make its folder the root, and labs/ unreachable from the file browser
 	JUPYTER_PATH=$(CURDIR)/$(VENV)/share/jupyter $(BIN)/jupyter lab $(ROOT_ARGS) --ServerApp.root_dir=$(CURDIR) $(LAB_ARGS) notebooks/00_start_here.ipynb
 
+# pytest-xdist: TEST_WORKERS processes run the tests at once (auto: one a core, at most 4; tests/conftest.py),
+# each notebook run on its own, each other test file whole; TEST_WORKERS=0 runs everything in this one process.
+TEST_WORKERS ?= auto
+XDIST = -n $(TEST_WORKERS) --dist loadgroup
+
 test: setup
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # The edit loop: the unit tests less those marked slow, and only the notebooks that the change since QUICK_SINCE
 # touches (the notebook, its lab's solution, its scripts, a utils module it imports: tests/changes.py).
 QUICK_SINCE ?= HEAD
 .PHONY: test-quick
 test-quick: setup  ## unit tests (not slow) + the notebooks your change touches (since QUICK_SINCE=HEAD; e.g. main)
-	$(BIN)/python -m pytest -m "not slow" --changed-since=$(QUICK_SINCE) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) -m "not slow" --changed-since=$(QUICK_SINCE) $(PYTEST_ARGS)
 
 course: setup  ## every notebook with its full parameters, into build/course/, then a table
 	$(BIN)/python tests/notebook_runner.py
@@ -95,7 +100,7 @@ minutes: setup  ## each notebook's minutes (reading, code, running, exercises; t
 
 .PHONY: test-matrix
 test-matrix: setup  ## every notebook at every WORLD_SIZE from 1 to 6 it supports (metadata.course.world_sizes; long)
-	$(BIN)/python -m pytest -m notebook --world-sizes=1,2,3,4,5,6 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) -m notebook --world-sizes=1,2,3,4,5,6 $(PYTEST_ARGS)
 
 .PHONY: robust
 robust: setup  ## one core kept busy: the notebook suite, then each timing-sensitive notebook 5 times (long)

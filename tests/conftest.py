@@ -13,7 +13,8 @@ from notebook_runner import kernel_env  # noqa: E402
 
 os.environ.update(kernel_env())  # the course's kernel first, for papermill and jupyter_client alike
 
-NOTEBOOK_TIMES = []  # (name, ok, seconds), filled by tests/test_notebooks.py
+NOTEBOOK_TIMES = []  # (name, ok, seconds): tests/test_notebooks.py records them, pytest_runtest_logreport collects them
+MAX_WORKERS = 4  # `pytest -n auto`: one notebook a core, at most 4 at once (each runs 2-8 ranks of its own)
 
 
 def child_processes(pid=None):
@@ -95,13 +96,54 @@ def pytest_generate_tests(metafunc):
                              ids=[f"{path.parent.name}/{path.name}-ws{n}" for path, n in pairs])
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`make test` runs `pytest -n auto`: as many workers as cores this process may use, at most MAX_WORKERS.
+    A notebook spends much of its time waiting (a kernel starting, a rank's timeout, a barrier), so two at
+    once on two cores finish sooner than one after the other; more than the cores would only queue."""
+    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`--dist loadgroup`, the Makefile's): each notebook run is a unit of its own, the
+    longest first (tests/run_minutes.json), so the last to start is a short one; a test module goes whole to
+    one worker, so its module-scoped fixtures (a kernel, a site build) are made once; the GPU tests share one
+    worker, one notebook at a time on the one GPU."""
+    import json
+
+    measured = json.loads((Path(__file__).parent / "run_minutes.json").read_text())["notebooks"]
+
+    def expected_seconds(item):  # the full-parameter time: a proxy for the SMOKE run's, good enough for an order
+        path, world_size = item.callspec.params["path"], item.callspec.params["world_size"]
+        return measured.get(f"{path.parent.name}/{path.name}", {}).get("seconds", 0), world_size
+
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        group = "gpu" if item.get_closest_marker("gpu") else None
+        if group is None and item.originalname != "test_notebook_runs":
+            group = item.nodeid.split("::")[0]
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    runs = [item for item in items if item.originalname == "test_notebook_runs"]
+    if runs and getattr(config.option, "numprocesses", None):
+        first = sorted(runs, key=expected_seconds, reverse=True)
+        items[:] = first + [item for item in items if item.originalname != "test_notebook_runs"]
+
+
+def pytest_runtest_logreport(report):
+    """Collects the times tests/test_notebooks.py records (record_property("notebook_time", ...)): in the one
+    process of a plain run, and in the controller when pytest-xdist runs the tests in workers."""
+    if report.when == "call":
+        NOTEBOOK_TIMES.extend(tuple(value) for name, value in report.user_properties if name == "notebook_time")
+
+
 def pytest_terminal_summary(terminalreporter):
     if not NOTEBOOK_TIMES:
         return
     from notebook_runner import print_table
 
     terminalreporter.write_line("")
-    print_table(NOTEBOOK_TIMES, "Notebooks (SMOKE=True; executed copies in build/test/ws<WORLD_SIZE>/)")
+    print_table(sorted(NOTEBOOK_TIMES), "Notebooks (SMOKE=True; executed copies in build/test/ws<WORLD_SIZE>/)")
 
 
 @pytest.fixture

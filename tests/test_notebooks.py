@@ -14,13 +14,12 @@ course's own in ``metadata.course.requires``; where one is not installed it is s
 import sys
 
 import pytest
-from conftest import NOTEBOOK_TIMES
 from notebook_runner import (BUILD, ROOT, course_notebooks, execute, kernel_env, missing_requirements, parameters_for,
                              suite_world_sizes, supported_world_sizes)
 
 
 @pytest.mark.notebook
-def test_notebook_runs(path, world_size):  # (path, world_size) pairs: from --world-sizes (conftest.py)
+def test_notebook_runs(path, world_size, record_property):  # (path, world_size) pairs: from --world-sizes (conftest.py)
     supported = supported_world_sizes(path)
     if supported is not None and world_size not in supported:
         pytest.skip(f"{path.name} cannot use WORLD_SIZE={world_size} (metadata.course.world_sizes = {supported}); "
@@ -30,14 +29,14 @@ def test_notebook_runs(path, world_size):  # (path, world_size) pairs: from --wo
                     f"{sys.prefix}: `make frameworks` installs it, `make test-frameworks` runs it")
     out = BUILD / "test" / f"ws{world_size}"
     ok, seconds, log = execute(path, out, parameters_for(path, SMOKE=True, WORLD_SIZE=world_size))
-    NOTEBOOK_TIMES.append((f"{path.relative_to(ROOT)} (WORLD_SIZE={world_size})", ok, seconds))
+    record_property("notebook_time", (f"{path.relative_to(ROOT)} (WORLD_SIZE={world_size})", ok, seconds))
     assert ok, f"{path.name} failed under papermill with WORLD_SIZE={world_size} (executed copy in {out}):\n{log[-6000:]}"
 
 
 @pytest.mark.gpu
 @pytest.mark.notebook
 @pytest.mark.parametrize("path", course_notebooks(), ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_notebook_on_one_gpu(path):
+def test_notebook_on_one_gpu(path, record_property):
     """WORLD_SIZE=1 on a CUDA machine: one rank on one GPU, so the NCCL path with CUDA tensors.
 
     (Two NCCL ranks cannot share one GPU: a 1-GPU machine runs 2-4 ranks over gloo, in the test above.)"""
@@ -52,7 +51,7 @@ def test_notebook_on_one_gpu(path):
         pytest.skip(f"{path.name} needs {', '.join(missing)} (metadata.course.requires): `make frameworks`")
     out = BUILD / "test" / "gpu-ws1"
     ok, seconds, log = execute(path, out, parameters_for(path, SMOKE=True, WORLD_SIZE=1))
-    NOTEBOOK_TIMES.append((f"{path.relative_to(ROOT)} (GPU, WORLD_SIZE=1)", ok, seconds))
+    record_property("notebook_time", (f"{path.relative_to(ROOT)} (GPU, WORLD_SIZE=1)", ok, seconds))
     assert ok, f"{path.name} failed under papermill on a GPU with WORLD_SIZE=1 (executed copy in {out}):\n{log[-6000:]}"
 
 
