@@ -69,6 +69,15 @@ def test_run_agents_returns_codes_and_stops_on_until_or_timeout():
         run_agents([waits], 0)
 
 
+def test_launch_gives_each_command_its_own_environment():
+    """Lesson 13b's use: one TF_CONFIG per TensorFlow worker, from a list of dicts; a list of the wrong length is refused."""
+    show = [sys.executable, "-c", "import os; print(os.environ['TF_CONFIG'])"]
+    outs, _ = launch([show, show], 60, env=[{"TF_CONFIG": "worker 0"}, {"TF_CONFIG": "worker 1"}], progress=False)
+    assert [out.strip() for out in outs] == ["worker 0", "worker 1"], outs
+    with pytest.raises(ValueError, match="1 environments for 2 commands"):
+        launch([show, show], 60, env=[{"TF_CONFIG": "worker 0"}])
+
+
 def test_losses_round_trip_exactly(capsys):
     values = [2.302585092994046, 1 / 3, 1e-30]
     print_result(values, world_size=2, note="any field")

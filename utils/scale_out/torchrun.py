@@ -12,7 +12,8 @@ starts ``torchrun``:
   reads (``parse_result``); and, as it trains, a line ``step k/n ...`` per step, which ``launch`` shows in the
   notebook as it comes.
 
-``launch`` runs any command this way, not only ``torchrun`` (lesson 08 runs its Lightning script with it), and
+``launch`` runs any command this way, not only ``torchrun`` (lesson 08 runs its Lightning script with it, lesson
+13b its TensorFlow workers), and
 ``run_agents`` is the runner under it: start, stream, wait with a timeout, stop the whole tree.
 """
 
@@ -28,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["ROOT", "SCRIPTS", "init_from_env", "free_port", "torchrun_command", "run_agents", "launch", "run_script",
+__all__ = ["ROOT", "SCRIPTS", "init_from_env", "free_port", "free_ports", "torchrun_command", "run_agents", "launch", "run_script",
            "run_two_agents", "RESULT", "print_result", "parse_result", "parse_losses", "finish", "TorchrunFailed"]
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (utils/scale_out/torchrun.py)
@@ -77,11 +78,22 @@ def finish(code=0):
     os._exit(code)
 
 
+def free_ports(n):
+    """n different TCP ports nobody listens on now (the OS picks them, all bound at once so none comes twice;
+    another program may take one before we use it: rare, and the launch then fails with the port in its error)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port():
     """A TCP port nobody listens on now (the OS picks it): the rendezvous endpoint of one run."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def torchrun_command(script, args=(), nproc=2, nnodes=1, endpoint=None, run_id="course", max_restarts=0):
@@ -116,12 +128,18 @@ def run_agents(commands, timeout, env=None, progress=True, until=None):
     true. ``progress``: print each agent's progress lines (``step k/n ...``) as they come, so that a long launch
     shows it is alive; with several agents each line starts with ``[agent i]``. A thread per agent reads its
     output (a full pipe would stop the agent); only the calling thread prints, so the lines land in the calling
-    cell. Lesson 11 uses it directly (it expects failures); ``launch`` raises on them."""
+    cell. ``env``: extra variables for every agent, or a list of one dict per agent (lesson 13b gives each
+    TensorFlow worker its own ``TF_CONFIG``). Lesson 11 uses it directly (it expects failures); ``launch``
+    raises on them."""
     if timeout <= 0:
         raise ValueError(f"timeout={timeout}: give the agents a positive number of seconds, e.g. 300")
+    envs = env if isinstance(env, list) else [env] * len(commands)
+    if len(envs) != len(commands):
+        raise ValueError(f"{len(envs)} environments for {len(commands)} commands: give one dict per command, "
+                         "or one dict for all")
     start = time.perf_counter()
     procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                              env=_env(env), start_new_session=True) for c in commands]
+                              env=_env(e), start_new_session=True) for c, e in zip(commands, envs)]
     lines, shown = [[] for _ in procs], queue.Queue()
     readers = [threading.Thread(target=_read, args=(proc.stdout, lines[i], shown, i), daemon=True)
                for i, proc in enumerate(procs)]
@@ -173,7 +191,8 @@ def launch(commands, timeout, env=None, progress=True):
     if problem:
         tails = "\n".join(f"--- agent {i}: {' '.join(map(str, commands[i][3:]))}\n" + "\n".join(o.splitlines()[-25:])
                           for i, o in enumerate(outputs))
-        raise TorchrunFailed(f"torchrun {problem} ({seconds:.1f} s). {_errors(outputs)}The agents' last lines:\n{tails}")
+        what = "torchrun" if all("torch.distributed.run" in map(str, c) for c in commands) else "the launch"
+        raise TorchrunFailed(f"{what} {problem} ({seconds:.1f} s). {_errors(outputs)}The agents' last lines:\n{tails}")
     return outputs, seconds
 
 
