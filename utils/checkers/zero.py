@@ -33,29 +33,20 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..sharding.adam import adam_update
-from ..data_parallel.buckets import reverse_buckets
 from ..datasets import digits
 from ..launch import rank_device
 from ..comm.ledger import CommLedger
 from ..models import ToyNet
 from .common import GRAD_TOL, WEIGHT_TOL, CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error
-from .zero_memory import HELD_HINT, added_bytes, held_tensors, judge_held
+from .zero_buckets import BUCKET_HINTS, check_make_buckets, expected_buckets  # noqa: F401  (lab 03 imports both here)
+from .zero_memory import HELD_HINT, added_bytes, held_tensors, judge_memory
 
 CHECK_LR = 3e-3  # not utils.sharding.adam.LR nor adam_update's default: an lr that is ignored shows
 REDUCE_SCATTER = ("reduce_scatter_single", "reduce_scatter_tensor", "reduce_scatter")  # one collective, 3 names
 ALL_GATHER = ("all_gather_single", "all_gather_into_tensor", "all_gather")
 PARAM_NAMES = ("embed.weight", "embed.bias", "mix1.weight", "mix1.bias", "mix2.bias", "head.weight", "head.bias")
 
-ZERO_HINTS = {
-    "bucket_order": "backward produces gradients from the last layer to the first: fill the buckets from "
-                    "reversed(params), so the first bucket is complete first.",
-    "lost_params": "every parameter must be in exactly one bucket: add each p of reversed(params) once.",
-    "bucket_overflow": "close the bucket *before* adding a parameter that would take it past bucket_numel "
-                       "(if current and size + p.numel() > bucket_numel), as DeepSpeed does; only a parameter "
-                       "larger than bucket_numel on its own may exceed it.",
-    "bucket_size": "one reduce-scatter per bucket of make_buckets(params, bucket_numel), with the bucket_numel you "
-                   "are given: close a bucket only when the next parameter would overflow it, never one bucket for "
-                   "everything nor one per parameter.",
+ZERO_HINTS = {**BUCKET_HINTS,  # make_buckets's four, then the ZeRO-2 class's
     "all_reduce": "ZeRO-2 does not all-reduce: reduce-scatter each padded bucket (compat.reduce_scatter_single), so "
                   "each rank receives only the sum of its own chunk, in half the bytes of an all-reduce.",
     "after_backward": "reduce each bucket during backward, from the hook of its last gradient "
@@ -103,42 +94,6 @@ class ZeroCheckResult(CheckResult):
 
     measured: dict = dataclasses.field(default_factory=dict)
     timeline: str = ""
-
-
-def expected_buckets(sizes, bucket_numel):
-    """DeepSpeed's buckets over parameters of ``sizes`` (numbers each): lists of indices, reduce order
-    (``utils.data_parallel.buckets``, DeepSpeed's rule)."""
-    return reverse_buckets(sizes, bucket_numel, "deepspeed")
-
-
-def check_make_buckets(fn, cases=((1000, 10), (1000, 1000), (5000, 100), (1, 1))):
-    """Check ``fn(params, bucket_numel)`` on ToyNet's parameters and on a list of small tensors."""
-    __tracebackhide__ = True
-    toy = [p for p in ToyNet().parameters() if p.requires_grad]  # 7 tensors, 9,034 numbers
-    small = [torch.zeros(k, requires_grad=True) for k in (3, 7, 2, 9, 1, 4)]
-    lines = []
-    for params, label in ((toy, "ToyNet"), (small, "sizes [3, 7, 2, 9, 1, 4]")):
-        sizes = [p.numel() for p in params]
-        for bucket_numel in sorted({c[0] if params is toy else c[1] for c in cases}):
-            got = fn(params, bucket_numel)
-            index = {id(p): i for i, p in enumerate(params)}
-            got_ix = [[index.get(id(p), -1) for p in bucket] for bucket in got]
-            want = expected_buckets(sizes, bucket_numel)
-            what = (f"{label}, bucket_numel={bucket_numel:,}: your buckets hold parameters {got_ix} (numbers "
-                    f"{[sum(sizes[i] for i in b if i >= 0) for b in got_ix]}); expected {want}")
-            flat = [i for b in got_ix for i in b]
-            if sorted(flat) != list(range(len(params))):
-                fail(ZERO_HINTS, "lost_params", what, None)
-            if flat != list(reversed(range(len(params)))):
-                fail(ZERO_HINTS, "bucket_order", what, None)
-            if any(len(b) > 1 and sum(sizes[i] for i in b) > bucket_numel for b in got_ix):
-                fail(ZERO_HINTS, "bucket_overflow", what, None)
-            if got_ix != want:
-                fail(ZERO_HINTS, "bucket_size", what, None)
-            if params is toy:
-                lines.append(f"ToyNet, bucket_numel={bucket_numel:,}: {len(want)} buckets of "
-                             f"{[sum(sizes[i] for i in b) for b in want]} numbers")
-    return CheckResult("make_buckets", lines)
 
 
 def _flat(params):
@@ -249,34 +204,6 @@ def _judge_comm(case, buckets, chunks, n, label):
              f"{gathered:,} bytes of all-gather; the padded buckets are {sum(want):,} bytes.", n)
 
 
-def _judge_memory(case, buckets, chunks, n, label):
-    """Full gradients only for the buckets still open; chunks and Adam state of this rank's chunks only."""
-    __tracebackhide__ = True
-    step, sizes = case["steps"][0], case["sizes"]
-    arrival = {i: k for k, (i, _, _) in enumerate(step["events"])}
-    closes = {i: max(arrival[j] for j in bucket) for bucket in buckets for i in bucket}  # reduced after this
-    for k, (i, _, live) in enumerate(step["events"]):
-        allowed = 4 * sum(sizes[j] for j, a in arrival.items() if a <= k and closes[j] >= k)
-        if live > allowed:
-            fail(ZERO_HINTS, "full_grads_kept", f"{label}: when gradient {k + 1} ({PARAM_NAMES[i]}) appeared, "
-                 f"{live:,} bytes of full gradients (p.grad) were alive; the buckets still open hold {allowed:,}.", n)
-    if step["live_after"]:
-        fail(ZERO_HINTS, "full_grads_kept", f"{label}: after backward {step['live_after']:,} bytes of full gradients "
-             "(p.grad) are still alive; ZeRO-2 keeps none.", n)
-    shapes = [tuple(s.shape) if s is not None else None for s in step["shards"]]
-    if shapes != [(c,) for c in chunks]:
-        fail(ZERO_HINTS, "grad_shard_shape", f"{label}: self.grad_shards after backward have shapes {shapes}; "
-             f"expected {[(c,) for c in chunks]}.", n)
-    state, psi, own = case["state_bytes"], sum(sizes), 8 * sum(chunks)
-    if n > 1 and state >= 8 * psi:
-        fail(ZERO_HINTS, "state_not_sharded", f"{label}: a rank holds {state:,} bytes of Adam state, DDP's 8Ψ = "
-             f"{8 * psi:,}, not its chunks' {own:,}.", n)
-    if state > own:
-        fail(ZERO_HINTS, "state_not_sharded", f"{label}: a rank holds {state:,} bytes of Adam state, more than 8 bytes "
-             f"x its chunks ({own:,}).", n)
-    judge_held(ZERO_HINTS, case["held_bytes"], chunks, n, label)  # every tensor kept, not only p.grad and the state
-
-
 def _judge_values(ranks, bucket_numel, buckets, chunks, n, lr, label):
     __tracebackhide__ = True
     cases = [r[bucket_numel] for r in ranks]
@@ -357,7 +284,7 @@ def check_bucketed_zero2(cls, make_buckets, world_sizes=(2, 3), bucket_numels=(1
             label = f"bucket_numel={bucket_numel:,}"
             for r in ranks:
                 _judge_comm(r[bucket_numel], buckets, chunks, n, label)
-                _judge_memory(r[bucket_numel], buckets, chunks, n, label)
+                judge_memory(ZERO_HINTS, r[bucket_numel], buckets, chunks, n, label, PARAM_NAMES)
             diff = _judge_values(ranks, bucket_numel, buckets, chunks, n, lr, label)
             m = {"psi": sum(sizes), "buckets": [sum(sizes[i] for i in b) for b in buckets],
                  "reduce_scatters": len(buckets),

@@ -82,3 +82,32 @@ def judge_held(hints, held, chunks, n, label):
              f"this rank; ZeRO-2 holds {BYTES_PER_CHUNK_NUMBER} bytes x its chunks ({sum(chunks):,} numbers) = "
              f"{BYTES_PER_CHUNK_NUMBER * sum(chunks):,} (+ {SCALAR_SLACK} B of scalars per bucket): "
              f"{held - BYTES_PER_CHUNK_NUMBER * sum(chunks):,} bytes more.", n)
+
+
+def judge_memory(hints, case, buckets, chunks, n, label, names):
+    """Full gradients only for the buckets still open; chunks and Adam state of this rank's chunks only; then
+    ``judge_held``. ``case``: one rank's record of a run (``utils.checkers.zero``); ``names``: the parameters'."""
+    __tracebackhide__ = True
+    step, sizes = case["steps"][0], case["sizes"]
+    arrival = {i: k for k, (i, _, _) in enumerate(step["events"])}
+    closes = {i: max(arrival[j] for j in bucket) for bucket in buckets for i in bucket}  # reduced after this
+    for k, (i, _, live) in enumerate(step["events"]):
+        allowed = 4 * sum(sizes[j] for j, a in arrival.items() if a <= k and closes[j] >= k)
+        if live > allowed:
+            fail(hints, "full_grads_kept", f"{label}: when gradient {k + 1} ({names[i]}) appeared, "
+                 f"{live:,} bytes of full gradients (p.grad) were alive; the buckets still open hold {allowed:,}.", n)
+    if step["live_after"]:
+        fail(hints, "full_grads_kept", f"{label}: after backward {step['live_after']:,} bytes of full gradients "
+             "(p.grad) are still alive; ZeRO-2 keeps none.", n)
+    shapes = [tuple(s.shape) if s is not None else None for s in step["shards"]]
+    if shapes != [(c,) for c in chunks]:
+        fail(hints, "grad_shard_shape", f"{label}: self.grad_shards after backward have shapes {shapes}; "
+             f"expected {[(c,) for c in chunks]}.", n)
+    state, psi, own = case["state_bytes"], sum(sizes), 8 * sum(chunks)
+    if n > 1 and state >= 8 * psi:
+        fail(hints, "state_not_sharded", f"{label}: a rank holds {state:,} bytes of Adam state, DDP's 8Ψ = "
+             f"{8 * psi:,}, not its chunks' {own:,}.", n)
+    if state > own:
+        fail(hints, "state_not_sharded", f"{label}: a rank holds {state:,} bytes of Adam state, more than 8 bytes "
+             f"x its chunks ({own:,}).", n)
+    judge_held(hints, case["held_bytes"], chunks, n, label)  # every tensor kept, not only p.grad and the state

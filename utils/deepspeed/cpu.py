@@ -24,7 +24,7 @@ The other slow first call is Python imports. ``deepspeed.initialize`` imports to
 stack lazily (torch._dynamo when the first torch optimizer is built, and DeepSpeed's optional Muon
 optimizer, which calls ``torch.compile`` at import): measured 8-15 s *per rank* on 2 cores, paid
 again by every launch, because a rank's imports die with it. Importing them once in the kernel
-makes the launcher's rank server import them too (``utils/launch/kernel.py``, ``HEAVY_MODULES``),
+makes the launcher's rank server import them too (``utils/launch/server_handle.py``, ``HEAVY_MODULES``),
 so every rank it forks afterwards starts with them: a launch then takes about a second. After
 importing, the kernel calls ``gc.freeze()``, as the rank server does: the ~400k objects of torch and
 DeepSpeed leave the garbage collector's sight, so a ``gc.collect()`` (DeepSpeed calls it; so does

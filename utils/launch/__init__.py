@@ -2,29 +2,32 @@
 
 A launch crosses three kinds of process, and each file here runs in one of them:
 
-=============  ===========  ==============================================================
-file           runs in      does
-=============  ===========  ==============================================================
-``plan.py``    the kernel   checks the arguments, picks backend, device and threads
-                            (``LaunchPlan``), and what each rank is told (``RankSetup``)
-``kernel.py``  the kernel   ``run_ranks``: packs the function, asks the server for ranks,
-                            prints their output, raises their errors, stops them
-``server.py``  the server   a warm Python started once per kernel: imports torch, forks ranks
-``rank.py``    each rank    becomes the kernel (folder, path, environment), joins the process
-                            group, runs the function, sends the result back; ``rank_device``
-``errors.py``  the kernel   which rank failed first; where hung ranks were stuck
-``magic.py``   the kernel   ``%%ranks N``: a cell's code as the function
-``report.py``  the kernel   a failed launch in one line per rank: the call each waits in
-                            and the program's line that made it (labs 11a and 11b)
-=============  ===========  ==============================================================
+====================  ===========  ==================================================================
+file                  runs in      does
+====================  ===========  ==================================================================
+``plan.py``           the kernel   checks the arguments, picks backend, device and threads
+                                   (``LaunchPlan``), and what each rank is told (``RankSetup``)
+``kernel.py``         the kernel   ``run_ranks``: packs the function, asks the server for ranks,
+                                   prints their output, raises their errors, stops them
+``server_handle.py``  the kernel   its handle on the server: starts it, has it import what the
+                                   notebook imported, fork a rank, report the ranks' exits
+``server.py``         the server   a warm Python started once per kernel: imports torch, forks ranks
+``rank.py``           each rank    becomes the kernel (folder, path, environment), joins the process
+                                   group, runs the function, sends the result back; ``rank_device``
+``errors.py``         the kernel   which rank failed first; where hung ranks were stuck
+``magic.py``          the kernel   ``%%ranks N``: a cell's code as the function
+``report.py``         the kernel   a failed launch in one line per rank: the call each waits in
+                                   and the program's line that made it (labs 11a and 11b)
+====================  ===========  ==================================================================
 
 Read them in that order. What the package offers the rest of the course is listed in ``__all__``.
 """
 
 from .errors import RankError, RankTimeoutError
-from .kernel import DEFAULT_TIMEOUT, rank_server, run_ranks
+from .kernel import DEFAULT_TIMEOUT, run_ranks
 from .plan import LaunchPlan, RankSetup, plan_launch
 from .rank import rank_device
+from .server_handle import rank_server
 
 __all__ = ["run_ranks", "rank_device", "plan_launch", "LaunchPlan", "RankSetup", "RankError", "RankTimeoutError",
            "DEFAULT_TIMEOUT", "rank_server"]

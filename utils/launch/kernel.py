@@ -31,8 +31,6 @@ import os
 import pickle
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,15 +40,12 @@ import cloudpickle
 
 from .errors import RankError, RankOutcome, failure_error, timeout_error
 from .plan import RankSetup, plan_launch
+from .server_handle import rank_server
 
 DEFAULT_TIMEOUT = 180.0  # seconds; pass timeout= for longer cells
 FAILURE_GRACE = 1.0  # seconds the other ranks get to report after the first failure
 STACK_DUMP_WAIT = 1.0  # seconds to collect the stacks of hung ranks before stopping them
-# Libraries that take seconds to import. Once the notebook has imported one of them (or a part of
-# one), the server imports the same modules too, once, so that ranks start with them instead of
-# importing them each.
-HEAVY_MODULES = ("lightning", "deepspeed", "torch._dynamo", "torch.distributed.fsdp", "torch.distributed.tensor",
-                 "torch.distributed.pipelining", "torch.distributed.checkpoint", "transformers", "sklearn")
+
 
 
 def run_ranks(fn, *args, world_size, timeout=DEFAULT_TIMEOUT, backend="auto", threads_per_rank=None,
@@ -111,78 +106,6 @@ def _cell_sources():
     needs them to show the notebook's lines in a traceback. IPython keeps them in linecache."""
     return {name: entry[2] for name, entry in list(linecache.cache.items())
             if len(entry) == 4 and entry[1] is None and not os.path.exists(name)}
-
-
-# --------------------------------------------------------------------------------------------
-# The kernel's handle on its rank server
-# --------------------------------------------------------------------------------------------
-
-_SERVER = None
-
-
-def rank_server() -> RankServer:
-    """This kernel's rank server, started on first use (and again if it died)."""
-    global _SERVER
-    if _SERVER is None or not _SERVER.alive():
-        _SERVER = RankServer()
-    return _SERVER
-
-
-class RankServer:
-    """Starts ``python -m utils.launch.server`` and speaks its protocol (see server.py)."""
-
-    def __init__(self):
-        ours, theirs = socket.socketpair()
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds utils/
-        path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-        self.proc = subprocess.Popen([sys.executable, "-m", "utils.launch.server", str(theirs.fileno())],
-                                     pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
-                                     env=dict(os.environ, PYTHONPATH=path))
-        theirs.close()
-        self.sock = ours
-        self.conn = Connection(os.dup(ours.fileno()))
-        self.exit_codes = {}  # pid -> exit code, as the server reports ranks ending
-        self.imported = set()
-
-    def alive(self):
-        return self.proc.poll() is None
-
-    def mirror_imports(self):
-        """Have the server import the heavy libraries this kernel has imported since it started."""
-        wanted = [name for name in list(sys.modules) if name not in self.imported
-                  and any(name == heavy or name.startswith(heavy + ".") for heavy in HEAVY_MODULES)]
-        if wanted:
-            self.conn.send(("preload", wanted, dict(os.environ), list(sys.path)))
-            self._reply("preloaded")
-            self.imported.update(wanted)
-
-    def launch(self, setup, payload, fds):
-        """Fork one rank with these pipes (write ends); returns its pid."""
-        self.conn.send(("launch", setup, payload))
-        socket.send_fds(self.sock, [b"F"], fds)
-        return self._reply("started")[1]
-
-    def poll(self, timeout=0.0):
-        """Read the server's messages that are waiting (or arrive within ``timeout``)."""
-        while self.conn.poll(timeout):
-            self._read()
-            timeout = 0.0
-
-    def _reply(self, kind):
-        while True:
-            message = self._read()
-            if message[0] == kind:
-                return message
-
-    def _read(self):
-        try:
-            message = self.conn.recv()
-        except (EOFError, OSError):
-            raise RuntimeError("the rank server died (is the machine out of memory?); run the cell again "
-                               "to start a new one") from None
-        if message[0] == "exited":
-            self.exit_codes[message[1]] = message[2]
-        return message
 
 
 # --------------------------------------------------------------------------------------------
