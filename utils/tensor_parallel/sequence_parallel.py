@@ -17,21 +17,21 @@ The collectives run over the default process group: every rank of it is one tens
 import torch
 import torch.distributed as dist
 
+from ..comm import compat  # through the module, so that CommLedger sees the call (utils/comm/compat.py)
+
 __all__ = ["all_gather_seq", "reduce_scatter_seq", "GatherFromSequenceParallelRegion",
            "ReduceScatterToSequenceParallelRegion"]
 
 
 def all_gather_seq(x):  # (s/t, b, h) -> (s, b, h): concatenate the ranks' tokens along dim 0
     out = x.new_empty((x.shape[0] * dist.get_world_size(), *x.shape[1:]))
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
-    gather(out, x.contiguous())
+    compat.all_gather_single(out, x.contiguous())  # all_gather_into_tensor before torch 2.13
     return out
 
 
 def reduce_scatter_seq(x):  # (s, b, h) -> (s/t, b, h): sum over ranks, keep this rank's tokens
     out = x.new_empty((x.shape[0] // dist.get_world_size(), *x.shape[1:]))
-    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    scatter(out, x.contiguous())
+    compat.reduce_scatter_single(out, x.contiguous())  # reduce_scatter_tensor before torch 2.13
     return out
 
 
