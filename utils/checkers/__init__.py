@@ -8,4 +8,7 @@
 - ``tensor_parallel``: lab 05, ``check_vocab_parallel_cross_entropy``.
 - ``pipeline_schedule``: lab 06, ``check_interleaved``.
 - ``plan_3d``: lab 09, ``check_choose_plan``, ``check_plan_run``.
+- ``hang_debugging``: labs 11a and 11b, ``check_diagnosis``, ``check_fix``.
+- ``labs``: every lab in one table (``LABS``): its notebook, the names a learner writes, the checks that
+  grade them; ``answers_from_notebook`` reads a lab notebook's definitions without running it.
 """

@@ -1,0 +1,179 @@
+"""Every lab in one table: its notebook, the names a learner writes, and the checks that grade them.
+
+The table is the one place that says what a lab asks for and how it is graded. The lab notebooks
+call the same checkers in their check cells; the tests run every lab through this table (the
+reference solution passes, the notebook's stubs raise their own "not written yet" error), and the
+workshop's grader runs each learner's answers through it.
+
+    lab = LABS["02_ddp_lab"]
+    answers = answers_from_notebook(lab.path(root))   # the notebook's stubs, or a learner's answers
+    for part in lab.parts:
+        print(part.run(answers, world_size=4))           # CheckResult, or raises LabCheckFailed
+
+``answers_from_notebook`` runs no cell: it keeps, from every code cell, the imports, the function
+and class definitions and the assignments of plain values (the parameters, ``diagnosis_A = "order"``),
+and executes only those, so a notebook's training loops, plots and rank launches are left out, and
+so is its ``if USE_REFERENCE:`` import of the reference solution.
+"""
+
+import ast
+import dataclasses
+import importlib
+from pathlib import Path
+
+__all__ = ["Part", "Lab", "LABS", "answers_from_notebook", "reference_answers", "lab_of"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """One graded part of a lab: ``needs`` the learner's names, ``check`` "module:function" of utils.checkers.
+
+    ``call(check_function, answers, world_size, smoke)`` calls the checker the way the lab's check
+    cell does, with the world sizes the notebook derives from its WORLD_SIZE.
+    """
+
+    name: str
+    needs: tuple
+    check: str
+    call: object
+
+    def checker(self):
+        module, function = self.check.split(":")
+        return getattr(importlib.import_module(f"utils.checkers.{module}"), function)
+
+    def run(self, answers, world_size, smoke=False):
+        missing = [name for name in self.needs if name not in answers]
+        if missing:
+            raise NameError(f"{self.name}: the answer defines no {', '.join(missing)}; the lab asks for "
+                            f"{', '.join(self.needs)} (keep the names of the notebook's stubs)")
+        return self.call(self.checker(), answers, world_size, smoke)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lab:
+    """A lab: ``name`` is the notebook's stem (labs/<name>.ipynb); ``solution`` its module in labs/solutions/."""
+
+    name: str
+    solution: str
+    parts: tuple
+
+    @property
+    def answers(self):
+        """The names a learner writes, in the order the parts need them."""
+        return tuple(dict.fromkeys(name for part in self.parts for name in part.needs))
+
+    def path(self, root="."):
+        return Path(root) / "labs" / f"{self.name}.ipynb"
+
+
+def _sizes(*fixed):
+    """The lab's check-cell rule: these world sizes and the notebook's WORLD_SIZE, sorted, once each."""
+    return lambda world_size: sorted({*fixed, world_size})
+
+
+def _fix(program):  # lab 11a/11b: check_fix(program, diagnosis, fixed, world_sizes, timeout)
+    def call(check, a, n, smoke):
+        sizes = sorted({2, n}) if smoke else sorted({2, 3, n})
+        return check(program, a[f"diagnosis_{program}"], a[f"fixed_{program}"], world_sizes=sizes, timeout=30)
+    return Part(f"program {program}", (f"diagnosis_{program}", f"fixed_{program}"), "hang_debugging:check_fix", call)
+
+
+LABS = {lab.name: lab for lab in (
+    Lab("01_halving_doubling_lab", "halving_doubling", (
+        Part("halving-doubling all-reduce", ("halving_doubling_all_reduce",), "halving_doubling:check_halving_doubling",
+             lambda check, a, n, smoke: check(a["halving_doubling_all_reduce"], world_sizes=_sizes(2, 3, 4)(n),
+                                              timeout=30)),
+    )),
+    Lab("02_ddp_lab", "ddp", (
+        Part("BucketedDDP", ("BucketedDDP",), "ddp:check_ddp",
+             lambda check, a, n, smoke: check(a["BucketedDDP"], world_sizes=_sizes(2, 3)(n), steps=2 if smoke else 3)),
+    )),
+    Lab("03_zero_lab", "zero", (
+        Part("make_buckets", ("make_buckets",), "zero_buckets:check_make_buckets",
+             lambda check, a, n, smoke: check(a["make_buckets"])),
+        Part("BucketedZeRO2", ("BucketedZeRO2", "make_buckets"), "zero:check_bucketed_zero2",
+             lambda check, a, n, smoke: check(a["BucketedZeRO2"], a["make_buckets"], world_sizes=_sizes(2, 3)(n),
+                                              bucket_numels=sorted({a.get("BUCKET_NUMEL", 1_000), 5_000}))),
+    )),
+    Lab("05_tensor_parallel_lab", "tensor_parallel", (
+        Part("VocabParallelCrossEntropy", ("VocabParallelCrossEntropy",),
+             "tensor_parallel:check_vocab_parallel_cross_entropy",
+             lambda check, a, n, smoke: check(a["VocabParallelCrossEntropy"], world_sizes=_sizes(2)(n))),
+    )),
+    Lab("06_pipeline_lab", "pipeline_schedule", (
+        Part("interleaved 1F1B", ("interleaved_one_f_one_b",), "pipeline_schedule:check_interleaved",
+             lambda check, a, n, smoke: check(a["interleaved_one_f_one_b"], world_sizes=_sizes(2)(n))),
+    )),
+    Lab("09_plan_3d_lab", "plan_3d", (
+        Part("choose_plan", ("choose_plan",), "plan_3d:check_choose_plan",
+             lambda check, a, n, smoke: check(a["choose_plan"])),
+        Part("the plan, trained", ("choose_plan",), "plan_3d:check_plan_run",
+             lambda check, a, n, smoke: check(a["choose_plan"], n, steps=1 if smoke else 2)),
+    )),
+    Lab("11a_collective_hangs_lab", "hang_debugging", tuple(_fix(p) for p in "ABC")),
+    Lab("11b_send_and_ddp_hangs_lab", "hang_debugging", tuple(_fix(p) for p in "DEF")),
+)}
+
+
+def lab_of(notebook):
+    """The table's entry for a notebook path or stem (``labs/02_ddp_lab.ipynb``, ``02_ddp_lab``)."""
+    stem = Path(notebook).stem
+    if stem not in LABS:
+        raise KeyError(f"{notebook}: not a lab of the course; the labs are {', '.join(LABS)}")
+    return LABS[stem]
+
+
+def _plain(node):
+    try:
+        ast.literal_eval(node)
+        return True
+    except ValueError:
+        return False
+
+
+def _kept(tree):
+    """The statements of a cell that define something and run nothing else."""
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield node
+        elif isinstance(node, ast.Assign) and _plain(node.value):
+            yield node
+
+
+def answers_from_notebook(path, namespace=None):
+    """The names a lab notebook defines (its stubs, or a learner's answers), without running its cells.
+
+    Raises SyntaxError naming the cell when a cell does not parse. Imports execute (they are the
+    lab's own: torch, utils); a class body executes, as Python does when it defines a class.
+    """
+    import nbformat
+
+    notebook = nbformat.read(str(path), as_version=4)
+    namespace = {"__name__": f"lab_{Path(path).stem}"} if namespace is None else namespace
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type != "code":
+            continue
+        source = "\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!")))
+        try:
+            tree = ast.parse(source, filename=f"{Path(path).name}, cell {index}")
+        except SyntaxError as err:
+            raise SyntaxError(f"{Path(path).name}, code cell {index} does not parse: {err.msg} (line {err.lineno})") \
+                from None
+        module = ast.Module(body=list(_kept(tree)), type_ignores=[])
+        exec(compile(module, f"{Path(path).name}, cell {index}", "exec"), namespace)
+    return namespace
+
+
+def reference_answers(lab, root="."):
+    """The reference solution's answers for ``lab`` (labs/solutions/<lab.solution>.py), by the lab's names."""
+    import sys
+
+    labs_folder = str(Path(root).resolve() / "labs")
+    if labs_folder not in sys.path:
+        sys.path.insert(0, labs_folder)
+    module = importlib.import_module(f"solutions.{lab.solution}")
+    answers = {name: getattr(module, name) for name in lab.answers if hasattr(module, name)}
+    for name in lab.answers:  # diagnosis_A ... live in the solution's DIAGNOSES table
+        if name.startswith("diagnosis_"):
+            answers[name] = module.DIAGNOSES[name.removeprefix("diagnosis_")]
+    return answers
