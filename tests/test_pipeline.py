@@ -1,7 +1,7 @@
 """utils/pipeline/schedules.py: the schedules, the simulator, the bubble formula and the error messages (pure Python, fast).
 
-The runs on ranks are checked in notebooks/06a_pipeline_schedules.ipynb, 06b_pipeline_bubble.ipynb and tests/test_pipeline_lab.py; the
-interleaved order (lab 06's answer, not in utils) in tests/test_pipeline_lab.py.
+The runs on ranks are checked in notebooks/06a_pipeline_schedules.ipynb, 06b_pipeline_bubble.ipynb and tests/checkers/test_pipeline_schedule.py;
+the interleaved order (lab 06's answer, not in utils) in tests/checkers/test_pipeline_schedule.py.
 """
 
 import pytest

@@ -254,15 +254,11 @@ class HiddenState(BucketedZeRO2):
         self.states = states
 
 
-class Stub(BucketedZeRO2):
-    def __init__(self, params, bucket_numel, lr):
-        raise NotImplementedError("BucketedZeRO2 is not written yet")
-
-
 @pytest.mark.slow
-def test_reference_passes_at_every_world_size():
-    result = check_bucketed_zero2(BucketedZeRO2, make_buckets, world_sizes=(1, 2, 3, 4, 5, 6), steps=2)
-    for n in (2, 3, 6):
+def test_reference_measures_the_formulas():
+    """At the world sizes lab 03 checks (2, 3; 3 pads): the bytes the checker measures are the formulas'."""
+    result = check_bucketed_zero2(BucketedZeRO2, make_buckets, world_sizes=(2, 3), steps=2)
+    for n in (2, 3):
         m = result.measured[n, 1_000]
         psi, chunks = m["psi"], [-(-b // n) for b in m["buckets"]]
         assert psi == 9_034 and m["buckets"] == [778, 4_096, 64, 4_096] and m["reduce_scatters"] == 4
@@ -300,6 +296,3 @@ def test_wrong_make_buckets_is_reported_before_the_class():
                      mistake="bucket_overflow")
 
 
-def test_stub_raises_its_own_error():
-    with pytest.raises(NotImplementedError, match="not written yet"):
-        check_bucketed_zero2(Stub, make_buckets, world_sizes=(2,), steps=2)

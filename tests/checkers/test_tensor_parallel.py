@@ -10,20 +10,15 @@ mistake shows on 2 and on 3). Also: ``utils.tensor_parallel.check_tp_degree``'s 
 notebook itself runs in tests/test_notebooks.py.
 """
 
-import sys
-
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from lab_grading import expect_rejection
-from notebook_runner import ROOT
 
+from lab_grading import expect_rejection
 from utils.checkers.tensor_parallel import check_vocab_parallel_cross_entropy
 from utils.tensor_parallel import check_tp_degree, nearest_tp_degrees, valid_tp_degrees
 
-sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
-from solutions.tensor_parallel import VocabParallelCrossEntropy  # noqa: E402
 
 
 # ------------------------------------------------------------------ the degree check
@@ -39,13 +34,6 @@ def test_check_tp_degree_names_numbers_and_nearest_degrees():
 
 
 # ------------------------------------------------------------------ the reference passes
-
-@pytest.mark.parametrize("world_sizes", [(1, 2), (3,), (4,), (5, 6)])
-def test_reference_passes(world_sizes):
-    """At every world size lab 05's metadata lists (2-6), and on 1 rank, where it is a plain cross-entropy."""
-    result = str(check_vocab_parallel_cross_entropy(VocabParallelCrossEntropy, world_sizes=world_sizes))
-    assert "PASSED" in result and "backward: no communication" in result
-
 
 # ------------------------------------------------------------------ wrong answers, one flag each
 
@@ -153,18 +141,3 @@ def test_a_collective_only_one_rank_calls_is_a_deadlock():
                      mistake="deadlock", phrase="same all-reduces in the same order")
 
 
-class Stub(torch.autograd.Function):
-    """What the lab ships: the learner's stub raises its own NotImplementedError."""
-
-    @staticmethod
-    def forward(ctx, logits, target):
-        raise NotImplementedError("forward is not written yet")
-
-    @staticmethod
-    def backward(ctx, grad):
-        raise NotImplementedError("backward is not written yet")
-
-
-def test_stub_raises_its_own_error():
-    with pytest.raises(NotImplementedError, match="forward is not written yet"):
-        check_vocab_parallel_cross_entropy(Stub, world_sizes=(2,))
