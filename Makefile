@@ -98,6 +98,10 @@ bench: setup  ## launch-time benchmark of run_ranks (not a test: it only measure
 minutes: setup  ## each notebook's minutes (reading, code, running, exercises; tests/minutes.py); MINUTES_ARGS=--write stores them
 	$(BIN)/python tests/minutes.py $(MINUTES_ARGS)
 
+.PHONY: test-catch-up
+test-catch-up: setup  ## every notebook run alone, from its own fresh copy of the course: a learner can start anywhere (long)
+	$(BIN)/python -m pytest $(XDIST) -m notebook --alone $(PYTEST_ARGS)
+
 .PHONY: test-matrix
 test-matrix: setup  ## every notebook at every WORLD_SIZE from 1 to 6 it supports (metadata.course.world_sizes; long)
 	$(BIN)/python -m pytest $(XDIST) -m notebook --world-sizes=1,2,3,4,5,6 $(PYTEST_ARGS)

@@ -74,6 +74,10 @@ def pytest_addoption(parser):
     parser.addoption("--world-sizes", default="suite",
                      help="comma-separated WORLD_SIZE values every notebook is executed with, or 'suite' "
                           "(default): each notebook at its metadata.course.suite_world_sizes")
+    # `make test-catch-up`: each notebook run from a fresh copy of the course, as a learner who jumps to it
+    parser.addoption("--alone", action="store_true",
+                     help="run each notebook from its own fresh copy of the course's tracked files (no file an "
+                          "earlier notebook wrote): shows that a learner can start at any lesson")
     # `make test-quick`: only the notebooks that the change since REV touches (tests/changes.py says how)
     parser.addoption("--changed-since", default=None, metavar="REV",
                      help="execute only the notebooks that the change since git revision REV touches: the notebook, "

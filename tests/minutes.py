@@ -259,13 +259,18 @@ def write(path, data):
         print(f"    {c}")
 
 
-def record_measured(build_dir, data_path=DATA):
+def record_measured(build_dir, data_path=DATA, memory_only=False):
     """Copy papermill's duration of each executed notebook under build_dir into the data file, with the
     date, the core count and the load average now (the machine may be shared: the seconds are upper bounds);
-    a failed notebook gets its error's last lines. A notebook still running (no duration yet) is left as it was."""
+    a failed notebook gets its error's last lines. A notebook still running (no duration yet) is left as it was.
+    The peak memory of each notebook's processes (build_dir/peak_memory.json, written by ``make course``) goes
+    in as ``peak_memory_mb``; ``memory_only``: only that (a run on a loaded machine: its seconds say little,
+    its memory is the notebook's own)."""
     import datetime
     import os
     data = load_data(data_path)
+    peaks_file = Path(build_dir) / "peak_memory.json"
+    peaks = json.loads(peaks_file.read_text()) if peaks_file.exists() else {}
     run = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "cores": os.cpu_count(), "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
            "command": "make course", "notebooks": []}
@@ -273,6 +278,10 @@ def record_measured(build_dir, data_path=DATA):
         nb = json.loads(out.read_text())
         meta = nb["metadata"].get("papermill", {})
         entry = data["notebooks"].setdefault(key(out), {})
+        if key(out) in peaks and not meta.get("exception") and meta.get("duration") is not None:
+            entry["peak_memory_mb"] = round(peaks[key(out)] / 2**20)
+        if memory_only:
+            continue
         if meta.get("exception"):
             errors = [o for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
             last = errors[-1] if errors else {}
@@ -284,7 +293,8 @@ def record_measured(build_dir, data_path=DATA):
         else:
             continue
         run["notebooks"].append(key(out))
-    data.setdefault("runs", []).append(run)
+    if not memory_only:
+        data.setdefault("runs", []).append(run)
     Path(data_path).write_text(json.dumps(data, indent=1) + "\n")
 
 
@@ -310,10 +320,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--write", action="store_true", help="store metadata.course.minutes and restate it in cell 1")
     ap.add_argument("--measured", metavar="DIR", help="copy papermill durations from DIR (build/course) into the data file")
+    ap.add_argument("--memory-only", action="store_true", help="with --measured: copy only the peak memory")
     ap.add_argument("paths", nargs="*")
     args = ap.parse_args(argv)
     if args.measured:
-        record_measured(args.measured)
+        record_measured(args.measured, memory_only=args.memory_only)
     data = load_data()
     if args.write:
         for path in [Path(p) for p in args.paths] or notebooks():

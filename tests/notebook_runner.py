@@ -8,9 +8,11 @@ Used by the test suite (small parameters, see tests/test_notebooks.py) and by ``
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,6 +20,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build"
+PEAKS = BUILD / "course" / "peak_memory.json"  # notebook -> peak resident bytes of its process tree, by make course
 DEFAULT_TIMEOUT = 600  # seconds per notebook; a notebook may set metadata.course.test_timeout
 
 
@@ -76,8 +79,44 @@ def kernel_env():
     return env
 
 
-def execute(path, out_dir, parameters=None, timeout=None):
-    """Run one notebook; return (ok, seconds, log). A notebook past its timeout is killed, kernel and ranks too."""
+class PeakMemory:
+    """Samples the resident memory of a process and all its descendants (papermill, the kernel, its ranks) every
+    ``interval`` seconds in a thread; ``.peak`` is the largest sum seen, in bytes. Memory shared between the
+    ranks (torch's libraries, forked pages) counts once per process, so this is an upper bound, which is what a
+    teacher sizing a workshop box needs."""
+
+    def __init__(self, pid, interval=0.5):
+        self.pid, self.interval, self.peak = pid, interval, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                root = psutil.Process(self.pid)
+                total = 0
+                for proc in [root, *root.children(recursive=True)]:
+                    try:
+                        total += proc.memory_info().rss
+                    except psutil.Error:  # a rank that just ended
+                        pass
+                self.peak = max(self.peak, total)
+            except psutil.Error:  # papermill itself has ended
+                return
+            self._stop.wait(self.interval)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def execute(path, out_dir, parameters=None, timeout=None, peaks=None):
+    """Run one notebook; return (ok, seconds, log). A notebook past its timeout is killed, kernel and ranks too.
+
+    ``peaks``: a dict that receives the notebook's peak resident memory (bytes, ``PeakMemory``) under its
+    ``<folder>/<name>`` key."""
     path = Path(path)
     out = Path(out_dir) / path.parent.name / path.name
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -89,6 +128,7 @@ def execute(path, out_dir, parameters=None, timeout=None):
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=kernel_env(), start_new_session=True)
+    memory = PeakMemory(proc.pid) if peaks is not None else None
     try:
         log, _ = proc.communicate(timeout=timeout)
         ok = proc.returncode == 0
@@ -98,30 +138,50 @@ def execute(path, out_dir, parameters=None, timeout=None):
         os.killpg(proc.pid, signal.SIGKILL)
         log, _ = proc.communicate()
         ok, log = False, f"{log}\nKILLED: {path.name} did not finish within its {timeout} s timeout."
+    if memory is not None:
+        peaks[f"{path.parent.name}/{path.name}"] = memory.stop()
     return ok, time.perf_counter() - start, log
 
 
+def alone_copy(path, folder):
+    """A copy of the course's tracked files in ``folder`` (no build/, no data/ but its README, nothing an earlier
+    notebook wrote), and ``path``'s place in it: a notebook run from there shows whether it runs alone, as a
+    learner who jumps to it does. ``utils`` is imported from the installed package either way."""
+    folder = Path(folder)
+    if not (folder / "README.md").exists():
+        tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+        for name in filter(None, tracked.decode().split("\0")):
+            if (ROOT / name).is_file():
+                (folder / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / name, folder / name)
+    return folder / Path(path).resolve().relative_to(ROOT)
+
+
 def print_table(rows, title):
-    """rows: (name, ok, seconds)."""
+    """rows: (name, ok, seconds[, peak bytes])."""
     print(f"\n{title}")
     width = max([len(r[0]) for r in rows] + [8])
-    print(f"  {'notebook':<{width}}  status  seconds")
-    for name, ok, seconds in rows:
-        print(f"  {name:<{width}}  {'ok' if ok else 'FAILED':<6}  {seconds:7.1f}")
+    print(f"  {'notebook':<{width}}  status  seconds  peak MB")
+    for name, ok, seconds, *peak in rows:
+        print(f"  {name:<{width}}  {'ok' if ok else 'FAILED':<6}  {seconds:7.1f}  {peak[0] / 2**20 if peak else float('nan'):7.0f}")
     print(f"  {'total':<{width}}  {sum(r[1] for r in rows)}/{len(rows)} ok {sum(r[2] for r in rows):7.1f}")
 
 
 def main(argv):
     paths = [Path(p) for p in argv] or course_notebooks()
-    rows = []
+    rows, peaks = [], {}
     for path in paths:
         if missing := missing_requirements(path):
             print(f"skipped {path.name}: needs {', '.join(missing)} (metadata.course.requires; `make frameworks`)")
             continue
-        ok, seconds, log = execute(path, BUILD / "course", parameters_for(path))
+        ok, seconds, log = execute(path, BUILD / "course", parameters_for(path), peaks=peaks)
         if not ok:
             print(log[-4000:])
-        rows.append((f"{path.parent.name}/{path.name}", ok, seconds))
+        key = f"{path.parent.name}/{path.name}"
+        rows.append((key, ok, seconds, peaks[key]))
+        # beside the executed copies: tests/minutes.py --measured build/course copies each peak into run_minutes.json
+        known = json.loads(PEAKS.read_text()) if PEAKS.exists() else {}
+        PEAKS.write_text(json.dumps({**known, key: peaks[key]}, indent=1))
     print_table(rows, "make course: every notebook with its own parameters (executed copies in build/course/)")
     return 0 if all(r[1] for r in rows) else 1
 

@@ -14,12 +14,12 @@ course's own in ``metadata.course.requires``; where one is not installed it is s
 import sys
 
 import pytest
-from notebook_runner import (BUILD, ROOT, course_notebooks, execute, kernel_env, missing_requirements, parameters_for,
-                             suite_world_sizes, supported_world_sizes)
+from notebook_runner import (BUILD, ROOT, alone_copy, course_notebooks, execute, kernel_env, missing_requirements,
+                             parameters_for, suite_world_sizes, supported_world_sizes)
 
 
 @pytest.mark.notebook
-def test_notebook_runs(path, world_size, record_property):  # (path, world_size) pairs: from --world-sizes (conftest.py)
+def test_notebook_runs(path, world_size, record_property, request, tmp_path):  # (path, world_size): --world-sizes (conftest.py)
     supported = supported_world_sizes(path)
     if supported is not None and world_size not in supported:
         pytest.skip(f"{path.name} cannot use WORLD_SIZE={world_size} (metadata.course.world_sizes = {supported}); "
@@ -28,7 +28,8 @@ def test_notebook_runs(path, world_size, record_property):  # (path, world_size)
         pytest.skip(f"{path.name} needs {', '.join(missing)} (metadata.course.requires), not installed in "
                     f"{sys.prefix}: `make frameworks` installs it, `make test-frameworks` runs it")
     out = BUILD / "test" / f"ws{world_size}"
-    ok, seconds, log = execute(path, out, parameters_for(path, SMOKE=True, WORLD_SIZE=world_size))
+    run = alone_copy(path, tmp_path / "course") if request.config.getoption("--alone") else path  # make test-catch-up
+    ok, seconds, log = execute(run, out, parameters_for(path, SMOKE=True, WORLD_SIZE=world_size))
     record_property("notebook_time", (f"{path.relative_to(ROOT)} (WORLD_SIZE={world_size})", ok, seconds))
     assert ok, f"{path.name} failed under papermill with WORLD_SIZE={world_size} (executed copy in {out}):\n{log[-6000:]}"
 

@@ -1,0 +1,25 @@
+"""tests/notebook_runner.py's measuring tools: the peak memory of a process tree, a notebook's copy to run alone."""
+
+import subprocess
+import sys
+
+from notebook_runner import ROOT, PeakMemory, alone_copy
+
+
+def test_peak_memory_counts_the_children():
+    """A parent that starts a child holding 200 MB: the tree's peak includes the child's memory."""
+    child = "import time; block = bytearray(200 * 2**20); block[::4096] = b'x' * len(block[::4096]); time.sleep(2)"
+    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"])
+    memory = PeakMemory(parent.pid, interval=0.1)
+    parent.wait()
+    peak = memory.stop()
+    assert 200 * 2**20 < peak < 2 * 2**30, f"{peak / 2**20:.0f} MB"
+
+
+def test_alone_copy_holds_the_tracked_files_only(tmp_path):
+    (ROOT / "build").mkdir(exist_ok=True)
+    run = alone_copy(ROOT / "notebooks" / "00_start_here.ipynb", tmp_path)
+    assert run == tmp_path / "notebooks" / "00_start_here.ipynb" and run.read_bytes() == (ROOT / run.relative_to(tmp_path)).read_bytes()
+    assert (tmp_path / "labs" / "solutions").is_dir() and (tmp_path / "data" / "README.md").is_file()
+    assert not (tmp_path / "build").exists() and not (tmp_path / ".venv").exists()
+    assert [p.name for p in (tmp_path / "data").iterdir()] == ["README.md"]
