@@ -102,6 +102,10 @@ minutes: setup  ## each notebook's minutes (reading, code, running, exercises; t
 test-catch-up: setup  ## every notebook run alone, from its own fresh copy of the course: a learner can start anywhere (long)
 	$(BIN)/python -m pytest $(XDIST) -m notebook --alone $(PYTEST_ARGS)
 
+.PHONY: guide
+guide: setup  ## rewrites TEACHING.md, the teacher's guide, from the measured minutes and memory (tests/teaching_guide.py)
+	$(BIN)/python tests/teaching_guide.py
+
 .PHONY: test-matrix
 test-matrix: setup  ## every notebook at every WORLD_SIZE from 1 to 6 it supports (metadata.course.world_sizes; long)
 	$(BIN)/python -m pytest $(XDIST) -m notebook --world-sizes=1,2,3,4,5,6 $(PYTEST_ARGS)

@@ -1,0 +1,297 @@
+"""Writes TEACHING.md, the teacher's guide: every lesson and lab with its measured minutes, world sizes, cores
+and memory, what to demo and what learners do alone, and a one-day and a two-day schedule built from the
+minutes (a maintainer tool, like tests/minutes.py; a test keeps TEACHING.md equal to what this writes).
+
+    python tests/teaching_guide.py           # rewrites TEACHING.md (make guide)
+    python tests/teaching_guide.py --check   # exit 1 if TEACHING.md is stale
+
+Where the numbers come from: minutes from each notebook's ``metadata.course.minutes_parts`` (tests/minutes.py:
+reading at 150 words a minute, code at 10 lines a minute, the full-parameter run time, exercises); world
+sizes from its parameters cell and ``metadata.course.world_sizes``; peak memory from tests/run_minutes.json
+(``make course`` samples the notebook's kernel and ranks). The labs' usual mistakes are their checkers' own
+hint tables (utils/checkers/), so the guide names the mistakes the checker recognises, no more.
+"""
+
+import argparse
+import importlib
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+import minutes
+from notebook_runner import ROOT, course_metadata
+
+GUIDE = ROOT / "TEACHING.md"
+SESSION = 90  # minutes between breaks; no notebook asks more (tests/test_minutes.py)
+DAY = [("09:00", "10:30"), ("11:00", "12:30"), ("13:30", "15:00"), ("15:30", "17:00")]  # 4 sessions, 360 minutes
+
+# What a teacher shows on the projector, what learners do alone, and the questions that come up. Written by
+# hand for each notebook (a test requires one entry per notebook); keep it to what the notebook really does.
+NOTES = {
+    "00_start_here": ("the first `%%ranks` cell, then a rank that crashes and one that hangs: the notebook survives both",
+                      "the machine report and the exercises on `run_ranks`",
+                      "Why does a hung rank not hang my notebook? (the launcher's timeout and its report.) Why gloo and "
+                      "not NCCL here? (no GPU: the same cell picks NCCL on GPUs.)"),
+    "01a_point_to_point_and_collectives": ("the ring of blocking sends that deadlocks, then `sendrecv`",
+                                           "the collective pictures and their checks against torch",
+                                           "Which collective is which (reduce-scatter vs all-gather)? Why does a "
+                                           "blocking ring deadlock when every rank sends first?"),
+    "01b_ring_all_reduce": ("the ring all-reduce from scratch against `dist.all_reduce`, and the ledger's bytes",
+                            "busbw and the alpha-beta model; the exercises",
+                            "Why 2(n-1)/n and not 2? Why is a timing on 2 shared cores not a network's bandwidth?"),
+    "02a_ddp_from_scratch": ("DDP from scratch equal to one process; the bytes per rank measured",
+                             "buckets and overlap measured on torch DDP; the exercises",
+                             "Why average, not sum, the gradients? Why must every rank start from the same weights?"),
+    "02b_ddp_in_practice": ("`no_sync` and the one table of our DDP, torch DDP and Lightning",
+                            "samplers and sharded streams",
+                            "What does `no_sync` save, and what does it cost in memory? Why does a sampler need "
+                            "`set_epoch`?"),
+    "03_zero_from_scratch": ("ZeRO-1, -2, -3 on the memory ledger beside the paper's formulas",
+                             "the memory calculator; the exercises",
+                             "Why does ZeRO-3 send 3Ψ and ZeRO-1/2 2Ψ? Where do mixed-precision Adam's 16 bytes "
+                             "a parameter come from?"),
+    "04a_fsdp2_zero_redundancy": ("`fully_shard` block by block, compared with lesson 03's and one process",
+                                  "`ZeroRedundancyOptimizer` and the torchrun script",
+                                  "What is a unit of FSDP2 and why shard block by block? What happens to a tied "
+                                  "weight?"),
+    "04b_dtensor_meta_checkpoints": ("a DTensor's placements and `redistribute`; a model built on the meta device",
+                                     "the sharded checkpoint saved at one world size and loaded at another",
+                                     "Where is the data of a meta tensor? (nowhere: shapes only.) Why can a DCP "
+                                     "checkpoint load at another world size?"),
+    "05a_tensor_parallelism": ("the naive split's idle ranks, then Megatron's f and g on one MLP",
+                               "the attention heads split; the checks against the unsplit model",
+                               "Why column then row, and not row then column? Why 2 all-reduces forward and 2 "
+                               "backward per layer?"),
+    "05b_dtensor_and_sequence_parallelism": ("`parallelize_module` with `CommDebugMode` counting the same collectives",
+                                             "sequence parallelism and its activation memory; the torchrun script",
+                                             "Why must every tensor-parallel rank see the same input? What does "
+                                             "sequence parallelism save, and what does it not?"),
+    "06a_pipeline_schedules": ("GPipe and 1F1B from scratch, equal to one process",
+                               "the schedules as op lists; the torchrun script",
+                               "Why micro-batches? Why does 1F1B not shrink the bubble, only the memory?"),
+    "06b_pipeline_bubble": ("a per-rank timeline as a Gantt chart, the bubble beside (p-1)/(m+p-1)",
+                            "the schedule explorer; activation memory; interleaved 1F1B",
+                            "Why is the measured bubble larger than the formula on a loaded machine? What does "
+                            "interleaving cost?"),
+    "07a_deepspeed_config": ("the tutorial example that cannot run, then `deepspeed.initialize` that does",
+                             "the config checker; what `auto_cast` casts",
+                             "Why does DeepSpeed not complain about a misspelt key? Why no C++ op compiled here?"),
+    "07b_deepspeed_zero": ("ZeRO stages 0-3 beside lesson 03's formulas and DeepSpeed's estimators",
+                           "offload; bf16 and fp16",
+                           "Why does fp16 need a loss scale and bf16 not? What does offload trade?"),
+    "07c_deepspeed_features": ("one feature (accumulation or clipping) checked against one process",
+                               "the rest of the features; the activation-checkpointing trap; the pipeline engine",
+                               "Why is a reentrant checkpoint a trap here? How do I get one fp32 file out of a "
+                               "ZeRO checkpoint?"),
+    "08a_lightning_strategies": ("one `LightningModule` under `ddp_notebook`, same losses as our DDP",
+                                 "the other strategies; callbacks under DDP; the script",
+                                 "Why `ddp_notebook` in Jupyter and `ddp` in a script? Which strategies need a GPU?"),
+    "08b_lightning_speedups": ("one speed-up measured alone, beside its claim",
+                               "the others; the GPU benchmark where a GPU is present",
+                               "Why does a speed-up measured on a CPU not transfer to a GPU (and the reverse)?"),
+    "09a_3d_mesh": ("one `DeviceMesh` with dp, pp, tp and the fixed order of wrapping",
+                    "every mesh of the world size, equal to one process",
+                    "Why tensor parallelism inside a node and pipelines across nodes? Why this wrapping order?"),
+    "09b_3d_costs_and_planner": ("the memory and bytes per mesh dimension beside the planner's terms",
+                                 "the planner against published figures; the exercises",
+                                 "Why does the planner's memory differ from a real GPU's? (allocator, fragmentation, "
+                                 "kernels' workspaces: it states what it leaves out.)"),
+    "10_torchrun_and_slurm": ("torchrun started from the notebook with a timeout; two agents as two nodes",
+                              "the fake Slurm job's environment; the sbatch template",
+                              "How do the nodes find each other (rendezvous)? Why does killing torchrun's process "
+                              "group miss its workers? (each worker runs in a session of its own.)"),
+    "11a_failures_and_resume": ("a rank killed with SIGKILL, the run resumed bit for bit",
+                                "`--max-restarts` and two agents; what breaks the equality",
+                                "What must a checkpoint hold besides the weights (optimizer, data position, "
+                                "random state)?"),
+    "11b_hangs_and_profiles": ("a hang read with the timeout report and `TORCH_DISTRIBUTED_DEBUG=DETAIL`",
+                               "the profile of a DDP step (a trace to open in Perfetto)",
+                               "How do I tell which rank is stuck, and on which collective?"),
+    "12_parallelism_as_graph_transformation": ("the transformer traced with `torch.fx` and its cost pass",
+                                               "balanced pipeline stages; tensor parallelism as a graph rewrite",
+                                               "Why does a symbolic trace fail on data-dependent control flow? "
+                                               "What does `torch.export` do instead?"),
+    "13a_frameworks_one_process": ("lesson 02's step in TensorFlow, equal to torch DDP",
+                                   "the probe of `HierarchicalCopyAllReduce`",
+                                   "Is this the same algorithm as torch DDP? (the same arithmetic, checked.)"),
+    "13b_frameworks_workers_horovod": ("the step in worker processes through `TF_CONFIG`",
+                                       "the parameter server; Horovod's API over `torch.distributed`",
+                                       "Why do updates in turn (a parameter server without sync) differ from DDP?"),
+}
+LAB_NOTE = ("the goal and the check cell on the stub (it answers 'not written yet')",
+            "the whole lab: the checker grades it and names the mistake")
+
+# The schedules: notebooks in course order, flowing through the day's sessions (a notebook may straddle a
+# break). Labs are left for the evening, named after each day.
+SCHEDULES = {
+    "one day: data parallelism and sharding": [
+        ["00_start_here", "01a_point_to_point_and_collectives", "02a_ddp_from_scratch", "03_zero_from_scratch",
+         "04a_fsdp2_zero_redundancy"]],
+    "two days: every kind of parallelism, DeepSpeed and Lightning": [
+        ["00_start_here", "01a_point_to_point_and_collectives", "02a_ddp_from_scratch", "03_zero_from_scratch",
+         "04a_fsdp2_zero_redundancy"],
+        ["05a_tensor_parallelism", "06a_pipeline_schedules", "07a_deepspeed_config", "08a_lightning_strategies",
+         "09a_3d_mesh"]],
+}
+HOMEWORK = {0: ["02_ddp_lab", "03_zero_lab"], 1: ["05_tensor_parallel_lab", "06_pipeline_lab"]}
+
+
+def stem_path(stem):
+    for folder in ("notebooks", "labs"):
+        if (path := ROOT / folder / f"{stem}.ipynb").exists():
+            return path
+    raise KeyError(f"{stem}: no notebooks/{stem}.ipynb or labs/{stem}.ipynb (renamed? update tests/teaching_guide.py)")
+
+
+def default_world_size(path):
+    nb = json.loads(path.read_text())
+    for cell in nb["cells"]:
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            found = re.search(r"^WORLD_SIZE\s*=\s*(\d+)", "".join(cell["source"]), re.M)
+            return int(found.group(1)) if found else None
+    return None
+
+
+def row(path, data):
+    course = course_metadata(path)
+    parts = course.get("minutes_parts", {})
+    n = default_world_size(path)
+    entry = data["notebooks"].get(minutes.key(path), {})
+    peak = entry.get("peak_memory_mb")
+    return {
+        "key": minutes.key(path), "minutes": course.get("minutes"), "parts": parts, "world_size": n,
+        "world_sizes": course.get("world_sizes") or "1-8", "cores": n and f"{math.ceil(n / 2)}-{n}",
+        "memory": f"{peak / 1024:.1f} GB" if peak else "not measured", "seconds": entry.get("seconds"),
+    }
+
+
+def lab_mistakes(stem):
+    """The mistakes the lab's checkers recognise, from their hint tables (via utils.checkers.labs)."""
+    from utils.checkers.labs import LABS
+
+    names = []
+    for part in LABS[stem].parts:
+        module = importlib.import_module(f"utils.checkers.{part.check.split(':')[0]}")
+        for attr in dir(module):
+            if attr.endswith("HINTS") and isinstance(getattr(module, attr), dict):
+                names += [m for m in getattr(module, attr) if m not in names]
+    return names
+
+
+def clock(start, offset):
+    h, m = map(int, start.split(":"))
+    m += offset
+    return f"{h + m // 60:02d}:{m % 60:02d}"
+
+
+def lay_out(day, rows):
+    """(notebook, start, end) through the day's sessions, breaks skipped; raises if the day runs over."""
+    sessions = [(a, (int(b[:2]) * 60 + int(b[3:])) - (int(a[:2]) * 60 + int(a[3:]))) for a, b in DAY]
+    capacity = sum(length for _, length in sessions)
+    need = sum(rows[s]["minutes"] for s in day)
+    if need > capacity:
+        raise ValueError(f"{', '.join(day)}: {need} min, over the day's {capacity} min of sessions; drop a lesson")
+    out, used = [], 0  # minutes of session time used so far
+    for stem in day:
+        out.append((stem, start_clock(sessions, used), end_clock(sessions, used + rows[stem]["minutes"])))
+        used += rows[stem]["minutes"]
+    return out, need, capacity
+
+
+def start_clock(sessions, minute):
+    """A notebook starting at session minute ``minute``: at a session's end it starts after the break."""
+    for start, length in sessions:
+        if minute < length:
+            return clock(start, minute)
+        minute -= length
+    raise AssertionError("past the day")
+
+
+def end_clock(sessions, minute):
+    for start, length in sessions:
+        if minute <= length:
+            return clock(start, minute)
+        minute -= length
+    raise AssertionError("past the day")
+
+
+def render():
+    data = minutes.load_data()
+    paths = minutes.notebooks()
+    rows = {p.stem: row(p, data) for p in paths}
+    missing = [p.stem for p in paths if p.parent.name == "notebooks" and p.stem not in NOTES]
+    if missing:
+        raise KeyError(f"no teaching notes for {', '.join(missing)}: add them to NOTES in tests/teaching_guide.py")
+    lines = ["# Teaching the course: a guide for workshops", "",
+             "<!-- Written by tests/teaching_guide.py (`make guide`) from the notebooks' measured minutes; edit that "
+             "file, not this one. -->", "",
+             "For a teacher preparing a one- or two-day workshop on a shared GPU box, a JupyterHub or a Slurm "
+             "cluster. Every figure below is measured (how: the end of this page); the schedules are built from "
+             "those minutes, so they hold as long as the notebooks do.", "",
+             "## Every lesson and lab", "",
+             "Minutes: the whole sitting (reading + code + running + exercises); running at full parameters on a "
+             "shared 2-core machine, an upper bound for a laptop. Ranks: the notebook's default `WORLD_SIZE` "
+             "(and the sizes it accepts). Cores: a rank a core runs at full speed; the launcher accepts up to two "
+             "ranks a core. Memory: the peak resident memory of the notebook's kernel and ranks together at full "
+             "parameters (shared libraries counted once per process: an upper bound).", "",
+             "| notebook | minutes (read / code / run / exercises) | ranks (accepted) | cores | memory |",
+             "| --- | --- | --- | --- | --- |"]
+    for p in paths:
+        r = rows[p.stem]
+        q = r["parts"]
+        split = " / ".join(f"{q.get(k, 0):.0f}" for k in ("reading", "code", "running", "exercises"))
+        sizes = ", ".join(map(str, r["world_sizes"])) if isinstance(r["world_sizes"], list) else r["world_sizes"]
+        lines.append(f"| [{r['key']}]({r['key']}) | {r['minutes']} ({split}) | {r['world_size'] or '-'} ({sizes}) | "
+                     f"{r['cores'] or '-'} | {r['memory']} |")
+    lines += ["", "## What to demo, what learners do alone, the usual questions", ""]
+    for p in paths:
+        if p.parent.name == "notebooks":
+            demo, alone, questions = NOTES[p.stem]
+            lines += [f"**{p.stem}.** Demo: {demo}. Alone: {alone}. Questions: {questions}", ""]
+        else:
+            mistakes = ", ".join(f"`{m}`" for m in lab_mistakes(p.stem))
+            lines += [f"**{p.stem}.** Demo: {LAB_NOTE[0]}. Alone: {LAB_NOTE[1]}. Where learners go wrong (the "
+                      f"mistakes its checker names, each with a hint): {mistakes}.", ""]
+    lines += ["## Schedules", "",
+              f"Sessions of at most {SESSION} minutes: " + ", ".join(f"{a}-{b}" for a, b in DAY) +
+              " (breaks between). A notebook may run across a break; times are its measured minutes, exercises "
+              "included. Labs are the evening's work, graded with `make grade`.", ""]
+    for title, days in SCHEDULES.items():
+        lines += [f"### {title[0].upper()}{title[1:]}", ""]
+        for i, day in enumerate(days):
+            slots, need, capacity = lay_out(day, rows)
+            lines += [f"Day {i + 1} ({need} of {capacity} minutes):", "",
+                      "| from | to | notebook | minutes |", "| --- | --- | --- | --- |"]
+            lines += [f"| {a} | {b} | {s} | {rows[s]['minutes']} |" for s, a, b in slots]
+            if HOMEWORK.get(i):
+                lines += ["", "Evening: " + ", ".join(f"{h} ({rows[h]['minutes']} min)" for h in HOMEWORK[i]) + "."]
+            lines.append("")
+    lines += ["## Where the figures come from", "",
+              "`make minutes` prints each notebook's minutes and how they are made; `make course` runs every "
+              "notebook at full parameters and measures its time and peak memory; `python tests/minutes.py "
+              "--measured build/course` stores them in `tests/run_minutes.json`; `make guide` rewrites this page. "
+              "`make test-catch-up` runs each notebook alone from a fresh copy of the course: a learner who falls "
+              "behind can start at any lesson.", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if TEACHING.md differs from what would be written")
+    args = ap.parse_args(argv)
+    text = render()
+    if args.check:
+        if not GUIDE.exists() or GUIDE.read_text() != text:
+            print("TEACHING.md is stale: run `make guide`")
+            return 1
+        return 0
+    GUIDE.write_text(text)
+    print(f"wrote {GUIDE.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    sys.exit(main())
