@@ -99,6 +99,7 @@ def test_navigation_follows_the_course_map(built):
     assert order == list(dict.fromkeys(in_map)), "the navigation lists the course map's notebooks in its order"
     for path in NOTEBOOKS:
         assert f"{path.parent.name}/{path.stem}.html" in linked, f"{path.name} is missing from the navigation"
+    assert "Teaching" in nav and "TEACHING" in nav, "the teacher's guide (TEACHING.md) is in the navigation"
 
 
 def test_outputs_show_and_widgets_fall_back(built):

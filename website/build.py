@@ -104,6 +104,7 @@ def nav(readme: str, pages: list[str]):
     if rest:
         entries.append({"More": [{Path(p).stem.replace("_", " "): p} for p in rest]})
     entries.append({"Labs": "labs/README.md"})
+    entries.append({"Teaching": "TEACHING.md"})
     return entries
 
 
@@ -115,6 +116,7 @@ def stage(docs: Path, executed: Path | None, folders=None):
     (docs / "labs").mkdir()
     shutil.copy(ROOT / "README.md", docs / "index.md")
     shutil.copy(ROOT / "labs" / "README.md", docs / "labs" / "README.md")
+    shutil.copy(ROOT / "TEACHING.md", docs / "TEACHING.md")  # the teacher's guide (tests/teaching_guide.py)
     shutil.copy(HERE / "site.css", docs / "site.css")
     for folder in ("notebooks/scripts", "utils", "labs/solutions"):  # source files the lessons link to
         shutil.copytree(ROOT / folder, docs / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
