@@ -107,6 +107,7 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()))
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the xdist_group marks set here
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`--dist loadgroup`, the Makefile's): each notebook run is a unit of its own, the
     longest first (tests/run_minutes.json), so the last to start is a short one; a test module goes whole to

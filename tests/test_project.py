@@ -132,3 +132,16 @@ def test_wheel_ships_every_utils_module(tmp_path):
                          env={**os.environ, "PYTHONPATH": str(site)})
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip().startswith(str(site)), f"imported {run.stdout.strip()}, not the installed wheel"
+
+
+def test_xdist_keeps_a_group_on_one_worker(tmp_path):
+    """`make test` relies on pytest-xdist's --dist loadgroup: a test file whole on one worker, so its module fixtures
+    (a site build, a kernel) are made once. pytest 9.2 silently breaks it (pytest-xdist issue #1386): pinned 9.1.1."""
+    (tmp_path / "test_group.py").write_text(
+        "import os, pytest\npytestmark = pytest.mark.xdist_group('one')\n"
+        + "".join(f"def test_{i}():\n    open('pids', 'a').write(f'{{os.getpid()}}\\n')\n" for i in range(6)))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-q", "-p", "no:cacheprovider",
+                           "test_group.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:]
+    pids = (tmp_path / "pids").read_text().split()
+    assert len(pids) == 6 and len(set(pids)) == 1, f"the group ran on {len(set(pids))} workers"
