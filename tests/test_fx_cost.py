@@ -1,4 +1,4 @@
-"""utils.fx.cost (lesson 12): the cost pass against hand counts, the linear partition against brute force."""
+"""utils.fx.cost (lesson 12a): the cost pass against hand counts, the linear partition against brute force."""
 
 import itertools
 import random

@@ -1,4 +1,4 @@
-"""utils.fx.passes (lesson 12): Megatron's MLP split as a graph rewrite, equal to the unsplit model on 2 ranks."""
+"""utils.fx.passes (lesson 12b): Megatron's MLP split as a graph rewrite, equal to the unsplit model on 2 ranks."""
 
 import copy
 
@@ -74,3 +74,17 @@ def _compare():
 
 def test_rewritten_model_equals_the_unsplit_one_on_two_ranks():
     assert utils.run_ranks(_compare, world_size=2, verbose=False) == [True, True]
+
+
+def test_the_course_transformer_traces_and_its_mlps_are_found():
+    """Lesson 05's TransformerLayer (utils.tensor_parallel), inside lesson 12's TinyGPT, traces as it is: the graph
+    runs bit for bit like the model, and the pass finds exactly one MLP per layer, not the attention."""
+    from utils.fx.tiny_gpt import make_tiny_gpt, pipeline_units
+
+    model = make_tiny_gpt(vocab=32, hidden=16, heads=4, seq=6, layers=3)
+    ids = torch.randint(0, 32, (6, 2), generator=torch.Generator().manual_seed(0))
+    gm = fx.symbolic_trace(model)
+    torch.testing.assert_close(gm(ids), model(ids), rtol=0, atol=0)
+    assert [(a.target, b.target) for a, b in find_mlp_pairs(gm)] == [
+        (f"layers.{i}.mlp.fc1", f"layers.{i}.mlp.fc2") for i in range(3)]
+    assert pipeline_units(model) == ["embed", "layers.0", "layers.1", "layers.2", "norm", "head"]

@@ -28,8 +28,8 @@ Each module holds one idea and names the notebook that derives it; each folder's
   time and MFU of a 3-D plan, validated against lesson 09's measurements and published figures (notebook 09, lab 09).
 - ``utils.scale_out``: ``torchrun`` (a lesson script under torchrun from a notebook; notebook 10) and ``resume``
   (kill and resume bit for bit; notebook 11a).
-- ``utils.fx``: ``cost`` (a cost model read off a ``torch.fx`` graph, the balanced pipeline split) and ``passes``
-  (Megatron's MLP split as a graph rewrite) (notebook 12).
+- ``utils.fx``: ``tiny_gpt`` (the small GPT lesson 12 traces), ``cost`` (a cost model read off a ``torch.fx`` graph,
+  the balanced pipeline split; notebook 12a) and ``passes`` (Megatron's MLP split as a graph rewrite; notebook 12b).
 - ``utils.frameworks``: ``tf_toynet``, the course model in TensorFlow, and ``reference``, the torch step it is checked
   against (notebooks 13a and 13b, optional ``[frameworks]`` extra).
 - ``utils.widgets``: the ipywidgets front ends: ``memory`` (notebook 03), ``pipeline`` (06b), ``planner`` (09).

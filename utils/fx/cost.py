@@ -1,7 +1,8 @@
-"""A cost model read off a ``torch.fx`` graph, and the pipeline split it balances (notebook 12).
+"""A cost model read off a ``torch.fx`` graph, and the pipeline split it balances (notebook 12a).
 
-Lesson 12 (``notebooks/12_parallelism_as_graph_transformation.ipynb``) traces the course's transformer
-with ``torch.fx.symbolic_trace`` and derives each piece here:
+Lesson 12, part 1 (``notebooks/12a_fx_trace_and_cost.ipynb``) traces the course's transformer (``utils.fx.tiny_gpt``)
+with ``torch.fx.symbolic_trace`` and derives each piece here (part 2, ``12b_fx_rewrite_and_export.ipynb``, uses the
+balanced split again for the pipelining tracer):
 
 - ``annotate_costs``: one pass over the graph that runs it on an example input (a ``ShapeProp``, which
   records each node's output shape in ``node.meta["tensor_meta"]``) and writes ``node.meta["cost"]``:

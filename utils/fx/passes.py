@@ -1,4 +1,4 @@
-"""Tensor parallelism as a graph rewrite: Megatron's MLP split applied to a ``torch.fx`` graph (notebook 12).
+"""Tensor parallelism as a graph rewrite: Megatron's MLP split applied to a ``torch.fx`` graph (notebook 12b).
 
 Lesson 05 writes tensor parallelism by hand: a column-parallel linear layer, the element-wise GeLU, a
 row-parallel linear layer, and Megatron-LM's two conjugate operators (Shoeybi et al., arXiv 1909.08053), which
@@ -7,7 +7,7 @@ live in ``utils.tensor_parallel.communications``:
 - ``f`` = ``CopyToTensorParallelRegion``: identity forward, all-reduce backward (before the column layer);
 - ``g`` = ``ReduceFromTensorParallelRegion``: all-reduce forward, identity backward (after the row layer).
 
-Lesson 12 (``notebooks/12_parallelism_as_graph_transformation.ipynb``) derives the same split as a *pass*
+Lesson 12, part 2 (``notebooks/12b_fx_rewrite_and_export.ipynb``) derives the same split as a *pass*
 over a traced graph, with no hand-edited module:
 
 - ``find_mlp_pairs``: every ``Linear -> element-wise ops -> Linear`` chain in the graph (the MLPs; attention

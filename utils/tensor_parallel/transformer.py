@@ -10,6 +10,10 @@ Megatron (sequence parallelism shards dimension 0). Two details make it splittab
   ...``, as Megatron stores it), so a contiguous slice of its rows is a set of whole heads;
 - ``forward`` infers the number of heads from the tensor (``view(..., -1, 3 d)``), so the same code runs with a/t
   heads on a tensor-parallel rank, and infers the sequence length, so it runs on a shard of the tokens too.
+
+Lesson 12 (notebooks/12a_fx_trace_and_cost.ipynb) traces it with ``torch.fx.symbolic_trace``, which is why q, k and v
+are *unpacked* from one ``split``: fx reads the three from the caller's ``UNPACK_SEQUENCE`` instruction, whereas a
+generator or comprehension over the split would iterate a proxy, which fx refuses (the length is unknown at trace time).
 """
 
 import math
@@ -32,7 +36,7 @@ class Attention(nn.Module):
         qkv = self.qkv(x)  # (s, b, 3h), or (s, b, 3h/t) on a tensor-parallel rank
         s, b = qkv.shape[:2]
         qkv = qkv.view(s, b, -1, 3 * self.head_dim)  # (s, b, heads, 3d)
-        q, k, v = (part.permute(1, 2, 0, 3) for part in qkv.split(self.head_dim, dim=-1))  # (b, heads, s, d)
+        q, k, v = qkv.permute(1, 2, 0, 3).split(self.head_dim, dim=-1)  # (b, heads, s, d) each
         probs = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(self.head_dim), dim=-1)  # (b, heads, s, s)
         probs = F.dropout(probs, self.dropout, self.training)
         context = (probs @ v).permute(2, 0, 1, 3).reshape(s, b, -1)  # (s, b, heads x d)
