@@ -5,11 +5,10 @@ all-gather by recursive doubling (doubling_all_gather.py) and the all-reduce on 
 extra ranks in around torch's reduce-scatter (folded_all_reduce.py). Each wrong answer below reaches the right
 numbers, or nearly, the *wrong way*; the test asserts that the checker names the mistake
 (``LabCheckFailed.mistake``) and says the key phrase of its hint, at a world size where the mistake shows. The
-reference runs at the world sizes the lab notebooks check (their parameters' WORLD_SIZE values, from
-metadata.course). The labs' notebooks themselves run in tests/test_notebooks.py.
+labs' notebooks run in tests/test_notebooks.py; what every lab shares (the reference passes at the world sizes
+the notebook runs at, the stubs raise their own error) in tests/test_every_lab.py, through utils.checkers.labs.
 """
 
-import json
 import sys
 
 import pytest
@@ -28,12 +27,6 @@ from utils.checkers.halving_reduce_scatter import check_halving_reduce_scatter, 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
 from solutions.halving_doubling import (  # noqa: E402
     doubling_all_gather, halving_doubling_all_reduce, halving_reduce_scatter)
-
-
-def lab_world_sizes(stem):
-    """The sizes a lab's check runs at: {2, 4} or {2, 3, 4}, with each WORLD_SIZE its metadata names."""
-    course = json.loads((ROOT / "labs" / f"{stem}.ipynb").read_text())["metadata"]["course"]
-    return sorted({2, 4} | ({3} if stem.startswith("01b") else set()) | set(course["world_sizes"]))
 
 
 # ------------------------------------------------------------------ lab 01a, reduce-scatter by recursive halving
@@ -157,17 +150,6 @@ def calling_all_reduce(tensor, *given):
     dist.all_reduce(tensor)
 
 
-def stub(tensor, *args):
-    raise NotImplementedError("not written yet")
-
-
-@pytest.mark.slow
-def test_halving_reference_passes():
-    sizes = lab_world_sizes("01a_halving_reduce_scatter_lab")
-    result = check_halving_reduce_scatter(halving_reduce_scatter, world_sizes=sizes, timeout=60)
-    assert f"world_size={max(sizes)}" in str(result) and "(formula (p-1)/p = 0.7500)" in str(result), result
-
-
 def test_halving_plan_sends_half_the_range():
     assert halving_plan(8, 4) == {0: ([2, 1], 6), 1: ([3, 0], 6), 2: ([0, 3], 6), 3: ([1, 2], 6)}
     assert halving_plan(5, 4) == {0: ([2, 1], 3), 1: ([3, 0], 4), 2: ([0, 3], 4), 3: ([1, 2], 4)}  # chunks 2 1 1 1
@@ -198,11 +180,9 @@ def test_halving_rejects_deadlock():
                      phrase="waits for the matching recv")
 
 
-def test_halving_needs_a_power_of_two_and_a_written_answer():
+def test_halving_needs_a_power_of_two():
     with pytest.raises(ValueError, match=r"world sizes \[3\]"):
         check_halving_reduce_scatter(halving_reduce_scatter, world_sizes=(2, 3))
-    with pytest.raises(NotImplementedError, match="not written yet"):
-        check_halving_reduce_scatter(stub, world_sizes=(2,))
 
 
 # ------------------------------------------------------------------ lab 01b, all-gather by recursive doubling
@@ -258,13 +238,6 @@ def broadcasting_chunks(tensor, ranks):
         dist.broadcast(chunk, ranks[v])
 
 
-@pytest.mark.slow
-def test_doubling_reference_passes():
-    sizes = lab_world_sizes("01b_doubling_all_gather_lab")
-    result = check_doubling_all_gather(doubling_all_gather, world_sizes=sizes, timeout=60)
-    assert "world_size=3: ranks [1, 2] take part" in str(result), result
-
-
 def test_doubling_plan_and_virtual_ranks():
     assert virtual_ranks(3) == [1, 2] and virtual_ranks(6) == [1, 3, 4, 5] and virtual_ranks(4) == [0, 1, 2, 3]
     assert plan(3, 10) == {0: ([1], 10), 1: ([2, 0], 15), 2: ([1], 5)}  # rank 1: half the tensor, then all of it back
@@ -282,11 +255,6 @@ def test_doubling_plan_and_virtual_ranks():
 def test_doubling_rejects(wrong, world_sizes, mistake, phrase):
     expect_rejection(check_doubling_all_gather, wrong, world_sizes=world_sizes, timeout=10, mistake=mistake,
                      phrase=phrase)
-
-
-def test_doubling_stub_raises_its_own_error():
-    with pytest.raises(NotImplementedError, match="not written yet"):
-        check_doubling_all_gather(stub, world_sizes=(2,))
 
 
 # ------------------------------------------------------------------ lab 01b, the all-reduce on any n, folded
@@ -345,13 +313,6 @@ def all_reduce_averaged(tensor, reduce_scatter):
     tensor.copy_(tensor / dist.get_world_size() if tensor.is_floating_point() else tensor // dist.get_world_size())
 
 
-@pytest.mark.slow
-def test_all_reduce_reference_passes():
-    sizes = lab_world_sizes("01b_doubling_all_gather_lab")
-    result = check_halving_doubling_all_reduce(halving_doubling_all_reduce, world_sizes=sizes, timeout=60)
-    assert "world_size=3" in str(result) and "+ 2 per folded pair: 3)" in str(result), result
-
-
 @pytest.mark.parametrize("wrong, world_sizes, mistake, phrase", [
     (calling_all_reduce, (2,), "used_collective", "the reduce_scatter you were given"),
     (torch_reduce_scatter_called_directly, (2,), "used_collective", "through its argument"),
@@ -364,8 +325,3 @@ def test_all_reduce_reference_passes():
 def test_all_reduce_rejects(wrong, world_sizes, mistake, phrase):
     expect_rejection(check_halving_doubling_all_reduce, wrong, world_sizes=world_sizes, timeout=10, mistake=mistake,
                      phrase=phrase)
-
-
-def test_all_reduce_stub_raises_its_own_error():
-    with pytest.raises(NotImplementedError, match="not written yet"):
-        check_halving_doubling_all_reduce(stub, world_sizes=(2,))

@@ -15,7 +15,7 @@ from .halving_doubling import collectives_and_errors, doubling_plan, pattern, ru
 NAME = "doubling_all_gather"
 
 HINTS = {
-    **SHARED,
+    **{k: hint for k, hint in SHARED.items() if k != "averaged"},  # a gather sums nothing: nothing to divide
     "not_in_place": "write the chunks you receive into the tensor you were given, at their place (slices of "
                     "flat = tensor.view(-1) are views); the caller ignores the return value.",
     "wrong_order": "double from the smallest distance up: d = 1, 2, ..., p/2, the halving's steps backwards. At "

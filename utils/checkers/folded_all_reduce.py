@@ -12,14 +12,30 @@ the unfold's, to the right ranks, with the right bytes.
 import torch
 
 from .common import CheckResult, LabCheckFailed, raise_if_error
-from .halving_doubling import HINTS, collectives_and_errors, doubling_plan, inputs, pattern, run_sizes, value_mistake
+from .halving_doubling import HINTS as SHARED
+from .halving_doubling import collectives_and_errors, doubling_plan, inputs, pattern, run_sizes, value_mistake
 from .halving_doubling import virtual_ranks, wrong_at
 from .doubling_all_gather import HINTS as GATHER_HINTS
 
 NAME = "halving_doubling_all_reduce"
-HINTS = {**HINTS, "wrong_order": GATHER_HINTS["wrong_order"],
-         "wrong": "the p ranks must all call reduce_scatter(tensor, ranks), which leaves chunk v on ranks[v], then "
-                  "your doubling_all_gather(tensor, ranks); check each on its own first (the cells above)."}
+HINTS = {
+    **SHARED,
+    "fold_dropped": "the ranks that sit out must not lose their data: each odd rank below 2*rem receives its even "
+                    "partner's whole tensor and ADDS it into its own before the reduce-scatter.",
+    "not_unfolded": "the ranks that ran the algorithm are right; the folded ones (the even ranks below 2*rem) are "
+                    "not: at the end each odd rank below 2*rem must send the complete sum back to the even rank "
+                    "before it, which receives it into its tensor.",
+    "not_power_of_two": "on a world size that is not a power of two, fold the extra ranks first: with p the "
+                        "largest power of two <= n and rem = n - p, each even rank below 2*rem sends its whole "
+                        "tensor to the odd rank after it and sits out; the odd ranks and the ranks from 2*rem on "
+                        "(ranks[v] = 2v + 1 if v < rem else v + rem) run the algorithm as virtual ranks 0..p-1; "
+                        "at the end each odd rank sends the result back.",
+    "reduce_scatter_calls": "call the reduce_scatter you were given exactly once, on every rank that takes part, "
+                            "with ranks = the p ranks that run the algorithm, in virtual-rank order.",
+    "wrong_order": GATHER_HINTS["wrong_order"],
+    "wrong": "the p ranks must all call reduce_scatter(tensor, ranks), which leaves chunk v on ranks[v], then your "
+             "doubling_all_gather(tensor, ranks); check the all-gather on its own first (the cell above).",
+}
 
 
 def plan(n, numel):

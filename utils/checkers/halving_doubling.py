@@ -23,7 +23,7 @@ import torch.distributed as dist
 from ..comm.ledger import RING_WIRE_FACTOR, CommLedger
 from ..comm.subgroup import chunk_bounds, reduce_scatter_chunks
 from ..launch import rank_device
-from .common import CheckResult, LabCheckFailed, caught, first_error, launch_answer, raise_if_error
+from .common import LabCheckFailed, caught, first_error, launch_answer
 
 COLLECTIVES = set(RING_WIRE_FACTOR) - {"send", "isend", "recv", "irecv", "barrier"}  # all but point-to-point
 
@@ -42,20 +42,6 @@ HINTS = {
                      "them.",
     "wrong_partner": "at each step a rank exchanges with the rank whose virtual rank differs in exactly one bit, "
                      "v XOR d; a ring (rank + 1) or a root (rank 0) is a different algorithm.",
-    "fold_dropped": "the ranks that sit out must not lose their data: each odd rank below 2*rem receives its even "
-                    "partner's whole tensor and ADDS it into its own before the reduce-scatter.",
-    "not_unfolded": "the ranks that ran the algorithm are right; the folded ones (the even ranks below 2*rem) are "
-                    "not: at the end each odd rank below 2*rem must send the complete sum back to the even rank "
-                    "before it, which receives it into its tensor.",
-    "not_power_of_two": "on a world size that is not a power of two, fold the extra ranks first: with p the "
-                        "largest power of two <= n and rem = n - p, each even rank below 2*rem sends its whole "
-                        "tensor to the odd rank after it and sits out; the odd ranks and the ranks from 2*rem on "
-                        "(ranks[v] = 2v + 1 if v < rem else v + rem) run the algorithm as virtual ranks 0..p-1; "
-                        "at the end each odd rank sends the result back.",
-    "reduce_scatter_calls": "call the reduce_scatter you were given exactly once, on every rank that takes part, "
-                            "with ranks = the p ranks that run the algorithm, in virtual-rank order.",
-    "wrong": "compare your ranges with the table in the lab: at distance d, the rank whose virtual rank has bit d "
-             "clear holds the lower half of the pair's range; its partner the upper one.",
     "too_many_messages": "ONE message to ONE partner per step: log2 p messages per rank and phase (a ring takes "
                          "p - 1, a gather to one rank p - 1 on that rank). Send a whole range of chunks at once, "
                          "it is contiguous.",
@@ -110,7 +96,7 @@ def virtual_ranks(n):
 
 
 def cases(p):
-    """(numel, dtype) cases: one that cuts evenly into p chunks first, then 1 element, fewer than p, uneven ones, a large one."""
+    """(numel, dtype) cases: one that cuts evenly into p chunks first, then 1 element, fewer than p, uneven, large."""
     sizes = [4 * p] + sorted({1, max(1, p - 1), 4 * p + 1, 4 * p + 2, 25_003})
     return [(numel, dtype) for dtype in (torch.int64, torch.float32) for numel in sizes]
 

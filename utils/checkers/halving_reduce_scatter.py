@@ -61,7 +61,8 @@ def _check_case(n, label, numel, ranks):
             parts = [[chunk(k, key) for k in range(n)] for key in ("got", "expected", "original")]
             mistake = value_mistake(n, *parts, ranks)
             if mistake is None:
-                holds = lambda c: all(torch.equal(chunk(k, "got", c(k)), chunk(k, "expected", c(k))) for k in range(n))  # noqa: E731
+                def holds(which):  # every rank k holds chunk which(k), complete
+                    return all(torch.equal(chunk(k, "got", which(k)), chunk(k, "expected", which(k))) for k in range(n))
                 mistake = ("wrong_order" if holds(lambda k: _bit_reversed(k, n)) else
                            "mirrored" if holds(lambda k: n - 1 - k) else
                            "uneven" if numel % n else "wrong")
