@@ -57,9 +57,9 @@ def _check_case(n, label, numel, ranks):
         wrong = [k for k in range(n) if not torch.equal(got[k], exp[k])]
         if wrong:
             folded = set(range(0, 2 * (n - len(members)), 2))
-            dropped = sum(inputs(k, numel, got[0].dtype).to(got[0].device) for k in range(n) if k not in folded)
-            mistake = value_mistake(n, got, exp, orig, ranks) or (
-                "fold_dropped" if folded and all(torch.equal(got[k], dropped) for k in wrong) else
+            dropped = sum(inputs(k, numel, got[0].dtype, "cpu") for k in range(n) if k not in folded)  # not on a GPU:
+            mistake = value_mistake(n, got, exp, orig, ranks) or (  # the kernel never touches CUDA
+                "fold_dropped" if folded and all(torch.equal(got[k].cpu(), dropped) for k in wrong) else
                 "not_unfolded" if set(wrong) <= folded else "wrong")
             wrong_at(n, label, numel, mistake, HINTS, wrong[0], got[wrong[0]], exp[wrong[0]])
     raise_if_error(error, n, HINTS)

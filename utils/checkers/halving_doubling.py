@@ -101,9 +101,9 @@ def cases(p):
     return [(numel, dtype) for dtype in (torch.int64, torch.float32) for numel in sizes]
 
 
-def inputs(rank, numel, dtype):
+def inputs(rank, numel, dtype, device=None):
     """Rank ``rank``'s input: positive small integers, different on every rank, exact in float32 sums."""
-    return ((rank + 1) * 100 + torch.arange(numel, device=rank_device()) % 13 + 1).to(dtype)
+    return ((rank + 1) * 100 + torch.arange(numel, device=device or rank_device()) % 13 + 1).to(dtype)
 
 
 def _given_reduce_scatter(calls):

@@ -42,7 +42,7 @@ def _group(ranks):
 def reduce_scatter_chunks(tensor: torch.Tensor, ranks) -> None:
     """Sum ``tensor`` over the ranks ``ranks`` (sorted global ranks, this one among them) with torch's
     ``dist.reduce_scatter``: afterwards rank ``ranks[v]`` holds chunk v of ``tensor_split(flat, len(ranks))``
-    of the sum, in place; its other chunks are left as they were. The others ranks must not call it."""
+    of the sum, in place; its other chunks are left as they were. The other ranks must not call it."""
     ranks = list(ranks)
     if ranks != sorted(set(ranks)) or dist.get_rank() not in ranks:
         raise ValueError(f"ranks={ranks}: give the ranks that take part sorted, without repeats, and this rank "
