@@ -8,7 +8,8 @@ Each module holds one idea and names the notebook that derives it; each folder's
 - ``utils.models``: ``ToyNet``, the course model with a frozen parameter, a buffer and a tied weight (notebook 02a).
 - ``utils.datasets``: small real data sets shipped inside packages, e.g. ``digits()`` (notebook 02a), and
   ``AugmentedDigits``, augmented in pure Python (notebooks 08a and 08b).
-- ``utils.comm``: collectives and what they send: ``ledger`` (``CommLedger``, notebook 01b), ``p2p`` (``sendrecv``, notebook 01a), ``compat``.
+- ``utils.comm``: collectives and what they send: ``ledger`` (``CommLedger``, notebook 01b), ``p2p`` (``sendrecv``, notebook 01a), ``compat``,
+  ``subgroup`` (torch's reduce-scatter on some of the ranks, in ``tensor_split``'s chunks; lab 01b).
 - ``utils.data_parallel``: ``scratch`` (lesson 02's DDP from scratch; notebooks 02a and 02b) and ``buckets`` (torch
   DDP's and DeepSpeed's bucket rules; labs 02 and 03).
 - ``utils.lesson_training``: the training loops of lessons 02 (DDP), 04 (FSDP2) and 06 (pipeline) as functions their

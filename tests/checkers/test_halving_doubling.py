@@ -1,165 +1,327 @@
-"""Lab 01's checker (utils/checkers/halving_doubling.py) rejects planted wrong answers, each with its hint.
+"""The checkers of labs 01a and 01b accept the reference solutions and reject planted wrong answers, each with its hint.
 
-A checker that accepts nonsense is worse than no checker: every classic mistake the lab names is
-planted here, and the test asserts the checker recognises it (``LabCheckFailed.mistake``) and says
-the key phrase of its hint. The lab's notebook runs in tests/test_notebooks.py; what every lab shares
-(the reference passes, the stub raises its own error) in tests/test_every_lab.py.
+Lab 01a asks for a reduce-scatter by recursive halving (utils/checkers/halving_reduce_scatter.py), lab 01b for an
+all-gather by recursive doubling (doubling_all_gather.py) and the all-reduce on any number of ranks that folds the
+extra ranks in around torch's reduce-scatter (folded_all_reduce.py). Each wrong answer below reaches the right
+numbers, or nearly, the *wrong way*; the test asserts that the checker names the mistake
+(``LabCheckFailed.mistake``) and says the key phrase of its hint, at a world size where the mistake shows. The
+labs' notebooks run in tests/test_notebooks.py; what every lab shares (the reference passes at the world sizes
+the notebook runs at, the stubs raise their own error) in tests/test_every_lab.py, through utils.checkers.labs.
 """
+
+import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from lab_grading import expect_rejection
-from utils.checkers.halving_doubling import check_halving_doubling, plan
+from notebook_runner import ROOT
+from utils.comm.p2p import sendrecv
+from utils.comm.subgroup import chunk_bounds
+from utils.checkers.doubling_all_gather import check_doubling_all_gather
+from utils.checkers.folded_all_reduce import check_halving_doubling_all_reduce, plan
+from utils.checkers.halving_doubling import virtual_ranks
+from utils.checkers.halving_reduce_scatter import check_halving_reduce_scatter, halving_plan
 
-# ------------------------------------------------------------------ lab 01, halving and doubling: wrong answers
-# Each gets the right sums (or nearly), the wrong way; the world sizes are those where the mistake shows.
-
-def _swap(send, peer, recv, blocking=False):
-    if blocking:  # both partners send first: each waits for a recv the other has not posted
-        dist.send(send, peer)
-        dist.recv(recv, peer)
-        return
-    works = ([dist.isend(send, peer)] if send.numel() else []) + ([dist.irecv(recv, peer)] if recv.numel() else [])
-    for work in works:
-        work.wait()
+sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
+from solutions.halving_doubling import (  # noqa: E402
+    doubling_all_gather, halving_doubling_all_reduce, halving_reduce_scatter)
 
 
-def _rhd(tensor, doubling=True, blocking=False, average=False, lose_odd=False):
-    """Recursive halving and doubling on a power of two of ranks (no fold), with one mistake switched on."""
-    rank, n = dist.get_rank(), dist.get_world_size()
-    flat, lo, hi, parents, d = tensor.view(-1), 0, tensor.numel(), [], n // 2
-    while d >= 1:
-        half = (hi - lo) // 2 if lose_odd else (hi - lo + 1) // 2  # lose_odd: an odd segment's last element
-        mid, end = lo + half, (lo + 2 * half if lose_odd else hi)  # belongs to neither half
-        parents.append((lo, end))
-        keep, give = ((lo, mid), (mid, end)) if rank & d == 0 else ((mid, end), (lo, mid))
-        incoming = torch.empty(keep[1] - keep[0], dtype=flat.dtype)
-        _swap(flat[give[0]:give[1]], rank ^ d, incoming, blocking)
+# ------------------------------------------------------------------ lab 01a, reduce-scatter by recursive halving
+
+def _halving(tensor, descending=True, mirrored=False, split=None, blocking=False, per_chunk=False):
+    """Recursive halving on the world's ranks, with one mistake switched on."""
+    v, p = dist.get_rank(), dist.get_world_size()
+    flat = tensor.view(-1)
+    bounds = chunk_bounds(flat.numel(), p)
+    lo, hi = 0, flat.numel()
+    a, b = 0, p
+    for d in ([p >> (j + 1) for j in range(p.bit_length() - 1)] if descending else
+              [1 << j for j in range(p.bit_length() - 1)]):
+        if split is None:  # by chunks, as the lab asks
+            c = (a + b) // 2
+            low, high = (a, c), (c, b)
+            keep_r, give_r = (low, high) if (v & d == 0) != mirrored else (high, low)
+            keep, give = (bounds[keep_r[0]], bounds[keep_r[1]]), (bounds[give_r[0]], bounds[give_r[1]])
+            a, b = keep_r
+        else:  # by elements: split(lo, hi) -> (mid, end); [end, hi) belongs to neither half
+            mid, end = split(lo, hi)
+            keep, give = ((lo, mid), (mid, end)) if v & d == 0 else ((mid, end), (lo, mid))
+        incoming = torch.empty(keep[1] - keep[0], dtype=flat.dtype, device=flat.device)
+        out = flat[give[0]:give[1]]
+        if blocking:  # both partners send first: each waits for a recv the other has not posted
+            dist.send(out, v ^ d)
+            dist.recv(incoming, v ^ d)
+        elif per_chunk:  # the right bytes to the right partner, but one message per chunk
+            pieces = [flat[bounds[c]:bounds[c + 1]] for c in range(*give_r)]
+            into = incoming.split([bounds[c + 1] - bounds[c] for c in range(*keep_r)])
+            works = [dist.isend(piece, v ^ d) for piece in pieces if piece.numel()]
+            works += [dist.irecv(piece, v ^ d) for piece in into if piece.numel()]
+            for work in works:
+                work.wait()
+        else:
+            sendrecv(out, v ^ d, incoming, v ^ d)
         flat[keep[0]:keep[1]] += incoming
-        lo, hi, d = keep[0], keep[1], d // 2
-    d = 1
-    while doubling and d < n:
-        plo, phi = parents.pop()
-        other = (hi, phi) if lo == plo else (plo, lo)
-        _swap(flat[lo:hi].clone(), rank ^ d, flat[other[0]:other[1]])
-        lo, hi, d = plo, phi, d * 2
-    if average:  # integer tensors: floor division, what a learner's `//` would do
-        tensor.copy_(tensor / n if tensor.is_floating_point() else tensor // n)
+        lo, hi = keep
 
 
-def halving_only(tensor):
-    _rhd(tensor, doubling=False)
+def halving_ascending(tensor):  # d = 1, 2, ...: rank v ends with chunk bit-reversed(v)
+    _halving(tensor, descending=False)
 
 
-def blocking_exchange(tensor):
-    _rhd(tensor, blocking=True)
+def halving_mirrored(tensor):  # bit d clear keeps the upper half: rank v ends with chunk p - 1 - v
+    _halving(tensor, mirrored=True)
 
 
-def averaging(tensor):
-    _rhd(tensor, average=True)
+def halving_elements(tensor):  # halves of the elements, mid = lo + (hi - lo + 1) // 2: other cuts than the chunks'
+    _halving(tensor, split=lambda lo, hi: (lo + (hi - lo + 1) // 2, hi))
 
 
-def halves_losing_odd_elements(tensor):
-    _rhd(tensor, lose_odd=True)
+def halving_losing_odd(tensor):  # (hi - lo) // 2 elements a half: an odd segment's last element is never summed
+    _halving(tensor, split=lambda lo, hi: (lo + (hi - lo) // 2, lo + 2 * ((hi - lo) // 2)))
 
 
-def without_fold(tensor):  # right on 2 and 4 ranks; on 3, rank 2's partner 2 ^ 1 = 3 does not exist
-    _rhd(tensor)
+def halving_chunk_by_chunk(tensor):
+    _halving(tensor, per_chunk=True)
 
 
-def fold_never_sent_back(tensor):  # folds the extra ranks in, but never sends them the result: they keep their input
-    rank, n = dist.get_rank(), dist.get_world_size()
-    p = 1 << (n.bit_length() - 1)
-    rem = n - p
-    if rank < 2 * rem and rank % 2 == 0:
-        dist.send(tensor, rank + 1)
-        return
-    if rank < 2 * rem:
+def halving_blocking(tensor):
+    _halving(tensor, blocking=True)
+
+
+def halving_averaged(tensor):
+    halving_reduce_scatter(tensor)
+    tensor.copy_(tensor / dist.get_world_size() if tensor.is_floating_point() else tensor // dist.get_world_size())
+
+
+def halving_not_in_place(tensor):
+    out = tensor.clone()
+    halving_reduce_scatter(out)
+    return out
+
+
+def whole_tensor_exchange(tensor):
+    """Right chunks, the right partners in the right order, but the whole tensor at every step: log2 p tensors."""
+    v, p, d = dist.get_rank(), dist.get_world_size(), dist.get_world_size() // 2
+    while d >= 1:
         incoming = torch.empty_like(tensor)
-        dist.recv(incoming, rank - 1)
+        sendrecv(tensor.clone(), v ^ d, incoming, v ^ d)
         tensor += incoming
-    real = [2 * u + 1 if u < rem else u + rem for u in range(p)]
-    group_rank = real.index(rank)
-    d, flat = 1, tensor.view(-1)
-    while d < p:  # whole tensors among the p (fewer bytes than the fold's symptom needs to show)
-        incoming = torch.empty_like(flat)
-        _swap(flat.clone(), real[group_rank ^ d], incoming)
-        flat += incoming
-        d *= 2
+        d //= 2
 
 
-def whole_tensor_doubling(tensor):
-    """Right sums in log2 n steps, the right partners, but the whole tensor every step: log2(n) tensors per rank."""
-    rank, n, d = dist.get_rank(), dist.get_world_size(), 1
-    while d < n:
-        incoming = torch.empty_like(tensor)
-        _swap(tensor.clone(), rank ^ d, incoming)
-        tensor += incoming
-        d *= 2
-
-
-def ring(tensor):
-    """Lesson 01b's ring: right sums and bytes, 2(n-1) messages to rank + 1."""
+def ring_reduce_scatter(tensor):
+    """Lesson 01b's ring, first half: right sums, p - 1 messages to rank + 1; rank r ends with chunk r."""
     rank, n = dist.get_rank(), dist.get_world_size()
-    chunks, right, left = torch.tensor_split(tensor.view(-1), n), (rank + 1) % n, (rank - 1) % n
+    chunks, right, left = tensor.view(-1).tensor_split(n), (rank + 1) % n, (rank - 1) % n
     for step in range(n - 1):
-        send, recv = chunks[(rank - step) % n], chunks[(rank - step - 1) % n]
+        send, recv = chunks[(rank - step - 1) % n], chunks[(rank - step - 2) % n]
         incoming = torch.empty_like(recv)
-        works = [dist.isend(send, right), dist.irecv(incoming, left)]
-        [w.wait() for w in works]
+        sendrecv(send, right, incoming, left)
         recv += incoming
-    for step in range(n - 1):
-        works = [dist.isend(chunks[(rank + 1 - step) % n], right), dist.irecv(chunks[(rank - step) % n], left)]
-        [w.wait() for w in works]
 
 
 def gather_to_root(tensor):
-    """Right sums: everyone sends to rank 0, which adds and sends the sum back to each."""
+    """Right sums: everyone sends its whole tensor to rank 0, which adds and sends each rank its chunk."""
     rank, n = dist.get_rank(), dist.get_world_size()
+    chunks = tensor.view(-1).tensor_split(n)
     if rank:
         dist.send(tensor, 0)
-        dist.recv(tensor, 0)
+        if chunks[rank].numel():
+            dist.recv(chunks[rank], 0)
         return
     incoming = torch.empty_like(tensor)
     for src in range(1, n):
         dist.recv(incoming, src)
         tensor += incoming
     for dst in range(1, n):
-        dist.send(tensor, dst)
+        if chunks[dst].numel():
+            dist.send(chunks[dst], dst)
 
 
-def calling_all_reduce(tensor):
+def calling_reduce_scatter(tensor):
+    chunks = tensor.view(-1).tensor_split(dist.get_world_size())
+    dist.reduce_scatter(chunks[dist.get_rank()], [c.clone() for c in chunks])
+
+
+def calling_all_reduce(tensor, *given):
     dist.all_reduce(tensor)
 
 
-def test_plan_counts_messages_and_partners():
-    assert plan(4) == {0: ({1, 2}, 4, 1.5), 1: ({0, 3}, 4, 1.5), 2: ({3, 0}, 4, 1.5), 3: ({2, 1}, 4, 1.5)}
-    assert plan(3) == {0: ({1}, 1, 1.0), 1: ({0, 2}, 3, 2.0), 2: ({1}, 2, 1.0)}
+def test_halving_plan_sends_half_the_range():
+    assert halving_plan(8, 4) == {0: ([2, 1], 6), 1: ([3, 0], 6), 2: ([0, 3], 6), 3: ([1, 2], 6)}
+    assert halving_plan(5, 4) == {0: ([2, 1], 3), 1: ([3, 0], 4), 2: ([0, 3], 4), 3: ([1, 2], 4)}  # chunks 2 1 1 1
 
 
 @pytest.mark.parametrize("wrong, world_sizes, mistake, phrase", [
-    (ring, (4,), "too_many_messages", "2 log2 p"),
-    (ring, (3,), "too_many_messages", "2 log2 p"),
-    (gather_to_root, (4,), "wrong_partner", "v XOR d"),
-    (gather_to_root, (3,), "too_many_messages", "2 log2 p"),
-    (whole_tensor_doubling, (4,), "too_many_bytes", "HALF of the segment"),
-    (halving_only, (4,), "doubling_missing", "recursive-doubling"),
-    (halves_losing_odd_elements, (2,), "uncovered", "never summed"),
-    (averaging, (2,), "averaged", "do not divide"),
+    (calling_reduce_scatter, (2,), "used_collective", "point-to-point"),
     (calling_all_reduce, (2,), "used_collective", "point-to-point"),
-    (without_fold, (2, 3), "not_power_of_two", "fold the extra ranks"),
-    (fold_never_sent_back, (2, 3), "not_unfolded", "send the complete sum back"),
+    (halving_ascending, (4,), "wrong_order", "d = p/2, p/4, ..., 1"),
+    (halving_mirrored, (2,), "mirrored", "keeps the LOWER half"),
+    (halving_elements, (4,), "uneven", "range of CHUNKS"),
+    (halving_losing_odd, (2,), "uneven", "drops an odd one"),
+    (halving_averaged, (2,), "averaged", "do not divide"),
+    (halving_not_in_place, (2,), "not_in_place", "tensor you were given"),
+    (whole_tensor_exchange, (4,), "too_many_bytes", "not the whole tensor"),
+    (halving_chunk_by_chunk, (4,), "too_many_messages", "ONE message to ONE partner"),
+    (ring_reduce_scatter, (4,), "too_many_messages", "a ring takes"),
+    (gather_to_root, (4,), "wrong_partner", "v XOR d"),
 ], ids=lambda v: getattr(v, "__name__", None))
-def test_halving_doubling_rejects(wrong, world_sizes, mistake, phrase):
-    expect_rejection(check_halving_doubling, wrong, world_sizes=world_sizes, timeout=10, mistake=mistake,
+def test_halving_rejects(wrong, world_sizes, mistake, phrase):
+    expect_rejection(check_halving_reduce_scatter, wrong, world_sizes=world_sizes, timeout=10, mistake=mistake,
                      phrase=phrase)
 
 
 @pytest.mark.slow
-def test_halving_doubling_rejects_deadlock():
-    expect_rejection(check_halving_doubling, blocking_exchange, world_sizes=(2,), timeout=5, mistake="deadlock",
+def test_halving_rejects_deadlock():
+    expect_rejection(check_halving_reduce_scatter, halving_blocking, world_sizes=(2,), timeout=5, mistake="deadlock",
                      phrase="waits for the matching recv")
 
 
+def test_halving_needs_a_power_of_two():
+    with pytest.raises(ValueError, match=r"world sizes \[3\]"):
+        check_halving_reduce_scatter(halving_reduce_scatter, world_sizes=(2, 3))
+
+
+# ------------------------------------------------------------------ lab 01b, all-gather by recursive doubling
+
+def _doubling(tensor, ranks, descending=False, whole=False, world=False):
+    """Recursive doubling among ``ranks``, with one mistake switched on."""
+    if world:  # the global rank and the world size, as if every rank took part
+        ranks = list(range(dist.get_world_size()))
+    p, v = len(ranks), ranks.index(dist.get_rank())
+    flat = tensor.view(-1)
+    bounds = chunk_bounds(flat.numel(), p)
+    held = {v}
+    for d in ([p >> (j + 1) for j in range(p.bit_length() - 1)] if descending else
+              [1 << j for j in range(p.bit_length() - 1)]):
+        a, b = v - v % d, (v ^ d) - (v ^ d) % d
+        if whole:  # the whole tensor out, the whole tensor in, then the partner's range copied from it
+            incoming = torch.empty_like(flat)
+            sendrecv(flat.clone(), ranks[v ^ d], incoming, ranks[v ^ d])
+            flat[bounds[b]:bounds[b + d]] = incoming[bounds[b]:bounds[b + d]]
+        else:
+            sendrecv(flat[bounds[a]:bounds[a + d]], ranks[v ^ d], flat[bounds[b]:bounds[b + d]], ranks[v ^ d])
+        held |= {u ^ d for u in held}
+
+
+def doubling_descending(tensor, ranks):  # d = p/2 first: a rank sends chunks it does not hold yet
+    _doubling(tensor, ranks, descending=True)
+
+
+def doubling_whole_tensor(tensor, ranks):
+    _doubling(tensor, ranks, whole=True)
+
+
+def doubling_world_ranks(tensor, ranks):  # right on a power of two; on 3 ranks, rank 1's partner is rank 0
+    _doubling(tensor, ranks, world=True)
+
+
+def doubling_not_in_place(tensor, ranks):
+    out = tensor.clone()
+    doubling_all_gather(out, ranks)
+    return out
+
+
+def ring_all_gather(tensor, ranks):
+    """Lesson 01b's ring, second half: the whole tensor on every rank, in p - 1 messages to the next rank."""
+    p, v = len(ranks), ranks.index(dist.get_rank())
+    chunks = tensor.view(-1).tensor_split(p)
+    for step in range(p - 1):
+        sendrecv(chunks[(v - step) % p], ranks[(v + 1) % p], chunks[(v - step - 1) % p], ranks[(v - 1) % p])
+
+
+def broadcasting_chunks(tensor, ranks):
+    for v, chunk in enumerate(tensor.view(-1).tensor_split(len(ranks))):
+        dist.broadcast(chunk, ranks[v])
+
+
+def test_doubling_plan_and_virtual_ranks():
+    assert virtual_ranks(3) == [1, 2] and virtual_ranks(6) == [1, 3, 4, 5] and virtual_ranks(4) == [0, 1, 2, 3]
+    assert plan(3, 10) == {0: ([1], 10), 1: ([2, 0], 15), 2: ([1], 5)}  # rank 1: half the tensor, then all of it back
+    assert plan(4, 8)[3] == ([2, 1], 6)  # d = 1, then 2: chunk 3, then chunks 2-3
+
+
+@pytest.mark.parametrize("wrong, world_sizes, mistake, phrase", [
+    (broadcasting_chunks, (2,), "used_collective", "point-to-point"),
+    (doubling_descending, (4,), "wrong_order", "d = 1, 2, ..., p/2"),
+    pytest.param(doubling_world_ranks, (2, 3), "not_virtual", "ranks[v ^ d]", marks=pytest.mark.slow),  # hangs 10 s
+    (doubling_whole_tensor, (4,), "too_many_bytes", "not the whole tensor"),
+    (doubling_not_in_place, (2,), "not_in_place", "at their place"),
+    (ring_all_gather, (4,), "too_many_messages", "a ring takes"),
+], ids=lambda v: getattr(v, "__name__", None))
+def test_doubling_rejects(wrong, world_sizes, mistake, phrase):
+    expect_rejection(check_doubling_all_gather, wrong, world_sizes=world_sizes, timeout=10, mistake=mistake,
+                     phrase=phrase)
+
+
+# ------------------------------------------------------------------ lab 01b, the all-reduce on any n, folded
+
+def _folded(tensor, reduce_scatter, add=True, unfold=True, fold=True, own_halving=False, torch_rs=False):
+    """The reference's all-reduce, with one mistake switched on."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    p = 1 << (n.bit_length() - 1)
+    rem = n - p if fold else 0
+    flat = tensor.view(-1)
+    if rank < 2 * rem and rank % 2 == 0:
+        dist.send(flat, rank + 1)
+        if unfold:
+            dist.recv(flat, rank + 1)
+        return
+    if rank < 2 * rem:
+        incoming = torch.empty_like(flat)
+        dist.recv(incoming, rank - 1)
+        if add:
+            flat += incoming
+    ranks = [2 * u + 1 if u < rem else u + rem for u in range(p if fold else n)]
+    if own_halving:
+        halving_reduce_scatter(tensor)  # lab 01a's, on the world: right on a power of two, but not the one given
+    elif torch_rs:
+        chunks = flat.tensor_split(len(ranks))
+        dist.reduce_scatter(chunks[ranks.index(rank)], [c.clone() for c in chunks])
+    else:
+        reduce_scatter(tensor, ranks)
+    doubling_all_gather(tensor, ranks)
+    if rank < 2 * rem and unfold:
+        dist.send(flat, rank - 1)
+
+
+def fold_drops_extra_data(tensor, reduce_scatter):  # receives the even rank's tensor, never adds it
+    _folded(tensor, reduce_scatter, add=False)
+
+
+def fold_never_sent_back(tensor, reduce_scatter):
+    _folded(tensor, reduce_scatter, unfold=False)
+
+
+def without_fold(tensor, reduce_scatter):  # right on 2 and 4; on 3, virtual rank 2's partner 2 ^ 1 = 3 does not exist
+    _folded(tensor, reduce_scatter, fold=False)
+
+
+def own_reduce_scatter(tensor, reduce_scatter):
+    _folded(tensor, reduce_scatter, own_halving=True)
+
+
+def torch_reduce_scatter_called_directly(tensor, reduce_scatter):
+    _folded(tensor, reduce_scatter, torch_rs=True)
+
+
+def all_reduce_averaged(tensor, reduce_scatter):
+    halving_doubling_all_reduce(tensor, reduce_scatter)
+    tensor.copy_(tensor / dist.get_world_size() if tensor.is_floating_point() else tensor // dist.get_world_size())
+
+
+@pytest.mark.parametrize("wrong, world_sizes, mistake, phrase", [
+    (calling_all_reduce, (2,), "used_collective", "the reduce_scatter you were given"),
+    (torch_reduce_scatter_called_directly, (2,), "used_collective", "through its argument"),
+    (own_reduce_scatter, (2,), "reduce_scatter_calls", "exactly once"),
+    (all_reduce_averaged, (2,), "averaged", "do not divide"),
+    (fold_drops_extra_data, (2, 3), "fold_dropped", "ADDS it"),
+    (fold_never_sent_back, (2, 3), "not_unfolded", "send the complete sum back"),
+    (without_fold, (2, 3), "not_power_of_two", "fold the extra ranks"),
+], ids=lambda v: getattr(v, "__name__", None))
+def test_all_reduce_rejects(wrong, world_sizes, mistake, phrase):
+    expect_rejection(check_halving_doubling_all_reduce, wrong, world_sizes=world_sizes, timeout=10, mistake=mistake,
+                     phrase=phrase)

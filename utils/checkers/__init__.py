@@ -2,7 +2,10 @@
 
 - ``common``: how every lab grades an answer: ``LabCheckFailed`` (a named mistake and its hint),
   ``CheckResult``, ``fail``, the answer run on ranks with its errors brought back, one set of tolerances.
-- ``halving_doubling``: lab 01, ``check_halving_doubling``.
+- ``halving_doubling``: what labs 01a and 01b share (the peer log, the cases, the pattern check, ``virtual_ranks``).
+- ``halving_reduce_scatter``: lab 01a, ``check_halving_reduce_scatter``.
+- ``doubling_all_gather``: lab 01b, ``check_doubling_all_gather``.
+- ``folded_all_reduce``: lab 01b, ``check_halving_doubling_all_reduce``.
 - ``ddp``: lab 02, ``check_ddp`` (a ``BucketedDDP``).
 - ``zero``: lab 03, ``check_make_buckets``, ``check_bucketed_zero2``.
 - ``tensor_parallel``: lab 05, ``check_vocab_parallel_cross_entropy``.

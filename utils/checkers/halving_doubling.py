@@ -1,63 +1,57 @@
-"""The checker of lab 01 (Rabenseifner's all-reduce): run the learner's answer on ranks and explain what is wrong.
+"""What the checkers of labs 01a and 01b share: Rabenseifner's all-reduce, run on ranks and looked at three ways.
 
-Used by ``labs/01_halving_doubling_lab.ipynb``, which derives what is checked here. Same conventions as every
-lab (``utils.checkers.common``). Values alone let through answers that reach the sum another way (a ring, a
-gather to rank 0, whole tensors doubled round), so three kinds of evidence:
+Lab 01a asks for a reduce-scatter by recursive halving (``utils.checkers.halving_reduce_scatter``),
+lab 01b for an all-gather by recursive doubling (``utils.checkers.doubling_all_gather``), then the
+all-reduce made of a fold, torch's reduce-scatter and that all-gather (``utils.checkers.folded_all_reduce``).
+Same conventions as every lab (``utils.checkers.common``). Values alone let through answers that
+reach the sum another way (a ring, a gather to rank 0, whole tensors at every step), so each check
+looks at three kinds of evidence:
 
-- **values**, compared with ``dist.all_reduce``. Inputs are small positive integers, so sums are exact in
-  float32, and a wrong answer often *looks like* a known mistake (the sum divided by n; elements still
-  holding the rank's input because no half contained them);
-- **the pattern**, from ``PeerLog`` below: to whom each rank sends, and how many messages. Recursive halving
-  and doubling talks only to partners whose virtual ranks differ in one bit, 2 log2 p times;
-- **bytes**, from ``CommLedger``: 2(p-1) tensors in all over the p ranks, plus two per folded pair.
+- **values**, compared with ``dist.all_reduce``'s. Inputs are small positive integers, so sums are
+  exact in float32, and a wrong answer often *looks like* a known mistake (the sum divided by n,
+  the right chunk on the wrong rank, the sum less the folded ranks' inputs);
+- **the pattern**, from ``PeerLog`` below: to whom each rank sends, in which order, how many messages.
+  Recursive halving and doubling talk only to partners whose virtual ranks differ in one bit;
+- **bytes**, from ``CommLedger``: each rank's sends, element for element, as ``sent_elements`` computes them.
+
+The tensor is cut into p chunks as ``torch.tensor_split`` cuts it (``utils.comm.subgroup.chunk_bounds``).
 """
 
 import torch
 import torch.distributed as dist
 
-from ..launch import rank_device
 from ..comm.ledger import RING_WIRE_FACTOR, CommLedger
-from .common import CheckResult, LabCheckFailed, caught, first_error, launch_answer, raise_if_error
+from ..comm.subgroup import chunk_bounds, reduce_scatter_chunks
+from ..launch import rank_device
+from .common import LabCheckFailed, caught, first_error, launch_answer
 
 COLLECTIVES = set(RING_WIRE_FACTOR) - {"send", "isend", "recv", "irecv", "barrier"}  # all but point-to-point
 
 HINTS = {
     "deadlock": "two partners both wait in a blocking dist.send (or isend(...).wait()) for a receive the other has "
                 "not posted: gloo's send waits for the matching recv, at any size. Post both halves of an exchange "
-                "first (works = [dist.isend(...), dist.irecv(...)]), then wait on both.",
+                "first (works = [dist.isend(...), dist.irecv(...)], or utils.comm.p2p.sendrecv), then wait on both.",
     "used_collective": "build it from point-to-point calls only (dist.isend / dist.irecv, or send / recv): calling "
-                       "a collective hides the algorithm this lab is about.",
-    "averaged": "all-reduce with SUM must leave the plain sum, as dist.all_reduce does; do not divide by the "
-                "world size (DDP divides afterwards, lesson 02).",
+                       "a collective hides the algorithm this lab is about. In lab 01b the one collective allowed "
+                       "is the reduce_scatter you were given, called through its argument.",
+    "averaged": "a SUM must leave the plain sum, as dist.all_reduce does; do not divide by the world size (DDP "
+                "divides afterwards, lesson 02).",
     "not_in_place": "write the result into the tensor you were given (work on flat = tensor.view(-1) and its "
                     "slices, which are views); the caller ignores the return value.",
-    "uncovered": "some elements were never summed: the two halves of a segment [lo, hi) must cover it exactly, "
-                 "mid = lo + (hi - lo + 1) // 2, halves [lo, mid) and [mid, hi).",
-    "doubling_missing": "after recursive halving each rank owns ONE complete segment. The recursive-doubling "
-                        "phase must swap complete segments with the same partners, in reverse order.",
-    "not_power_of_two": "on a world size that is not a power of two, fold the extra ranks first: with p the "
-                        "largest power of two <= n and rem = n - p, each even rank below 2*rem sends its whole "
-                        "tensor to the odd rank after it and sits out; the odd ranks and the ranks from 2*rem on "
-                        "run the algorithm as virtual ranks 0..p-1; at the end each odd rank sends the result back.",
-    "not_unfolded": "the ranks that ran the algorithm are right; the folded ones (the even ranks below 2*rem) are "
-                    "not: at the end each odd rank below 2*rem must send the complete sum back to the even rank "
-                    "before it, which receives it into its tensor.",
-    "wrong": "compare your segments with the table in the lab: at distance d, the rank whose virtual rank has bit d "
-             "clear keeps the lower half and sends the upper one; its partner does the opposite.",
-    "too_many_messages": "recursive halving and doubling takes log2 p steps per phase, ONE message to ONE partner "
-                         "per step: 2 log2 p messages per rank (a ring takes 2(n-1), a gather to one rank n-1 on "
-                         "that rank). Exchange halves with the partner at distance d = p/2, p/4, ..., 1, then back.",
-    "wrong_partner": "at each step a rank exchanges with the rank whose virtual rank differs in exactly one bit, "
-                     "v XOR d; a ring (rank + 1) or a root (rank 0) is a different algorithm.",
-    "too_many_bytes": "each step must send HALF of the segment this rank still holds (p/2, p/4, ... of the "
-                      "tensor), not the whole tensor: that is what makes it 2(p-1)/p of the tensor per rank.",
     "too_few_bytes": "call dist.isend / dist.irecv (or send / recv) through the dist module, so the checker sees "
                      "them.",
+    "wrong_partner": "at each step a rank exchanges with the rank whose virtual rank differs in exactly one bit, "
+                     "v XOR d; a ring (rank + 1) or a root (rank 0) is a different algorithm.",
+    "too_many_messages": "ONE message to ONE partner per step: log2 p messages per rank and phase (a ring takes "
+                         "p - 1, a gather to one rank p - 1 on that rank). Send a whole range of chunks at once, "
+                         "it is contiguous.",
+    "too_many_bytes": "each step sends only the range of chunks the partner lacks (half of the range in halving, "
+                      "the range held in doubling), not the whole tensor: that makes (p-1)/p of it per phase.",
 }
 
 
 class PeerLog:
-    """Inside a rank: note the destination and bytes of every send, isend and batched isend.
+    """Inside a rank: note the destination and bytes of every send, isend and batched isend, in order.
 
     ``CommLedger`` counts bytes but not who they go to; this context adds that. Enter it *inside*
     a ledger (``with CommLedger() as ledger, PeerLog() as peers:``), so that both see every call.
@@ -94,149 +88,166 @@ class PeerLog:
         return False
 
 
-def cases(world_size):
-    """(numel, dtype) cases: 1 element, fewer elements than ranks, divisible, not, and a large one (last)."""
-    sizes = sorted({1, max(1, world_size - 1), 4 * world_size, 4 * world_size + 1, 25_003})
+def virtual_ranks(n):
+    """The ranks that run the p-rank algorithm after the fold, in virtual-rank order (p = 2^k <= n)."""
+    p = 1 << (n.bit_length() - 1)
+    rem = n - p
+    return [2 * u + 1 if u < rem else u + rem for u in range(p)]
+
+
+def cases(p):
+    """(numel, dtype) cases: one that cuts evenly into p chunks first, then 1 element, fewer than p, uneven, large."""
+    sizes = [4 * p] + sorted({1, max(1, p - 1), 4 * p + 1, 4 * p + 2, 25_003})
     return [(numel, dtype) for dtype in (torch.int64, torch.float32) for numel in sizes]
 
 
-def plan(n):
-    """What the algorithm sends on n ranks: {rank: (allowed destinations, messages, tensors' worth of bytes)}.
-
-    p = the largest power of two <= n, rem = n - p. Even ranks below 2 rem send once, to the odd rank
-    after them; the others exchange with real(v XOR d) for every d = 1, 2, ..., p/2, twice each
-    (halving, doubling), and the odd ranks below 2 rem also send their partner the result.
-    """
-    p = 1 << (n.bit_length() - 1)
-    rem, steps = n - p, p.bit_length() - 1  # steps = log2 p
-    real = lambda u: 2 * u + 1 if u < rem else u + rem
-    out = {}
-    for rank in range(n):
-        if rank < 2 * rem and rank % 2 == 0:
-            out[rank] = ({rank + 1}, 1, 1.0)
-            continue
-        v = rank // 2 if rank < 2 * rem else rank - rem
-        allowed = {real(v ^ (1 << j)) for j in range(steps)}
-        folded = rank < 2 * rem
-        out[rank] = (allowed | ({rank - 1} if folded else set()), 2 * steps + folded, 2 * (p - 1) / p + folded)
-    return out
+def inputs(rank, numel, dtype, device=None):
+    """Rank ``rank``'s input: positive small integers, different on every rank, exact in float32 sums."""
+    return ((rank + 1) * 100 + torch.arange(numel, device=device or rank_device()) % 13 + 1).to(dtype)
 
 
-def _on_rank(fn, cases):
-    """Runs on every rank: each case on a fresh tensor, inside a ledger and a peer log; stops at the first error."""
-    rank, device, out = dist.get_rank(), rank_device(), []
+def _given_reduce_scatter(calls):
+    def reduce_scatter(tensor, ranks):  # the lab's reduce-scatter, noting each call
+        calls.append(list(ranks))
+        reduce_scatter_chunks(tensor, ranks)
+    return reduce_scatter
+
+
+def on_rank(fn, kind, cases, name):
+    """Runs on every rank: each case on a fresh tensor, inside a ledger and a peer log; stops at the first error.
+
+    ``kind``: "reduce_scatter" (``fn(tensor)``), "all_gather" (``fn(tensor, ranks)``, on the virtual ranks only, from
+    chunk v alone) or "all_reduce" (``fn(tensor, reduce_scatter)``)."""
+    rank, n, out = dist.get_rank(), dist.get_world_size(), []
+    ranks = virtual_ranks(n)
     for numel, dtype in cases:
-        original = ((rank + 1) * 100 + torch.arange(numel, device=device) % 13 + 1).to(dtype)  # > 0, exact
+        original = inputs(rank, numel, dtype)
         expected = original.clone()
         dist.all_reduce(expected)  # torch's answer, outside the ledger
-        tensor, returned, error = original.clone(), None, None
+        tensor, returned, error, calls = original.clone(), None, None, []
+        if kind == "all_gather":
+            tensor.fill_(-1)  # never a sum of positive inputs: a chunk never received shows
+            if rank in ranks:
+                v = ranks.index(rank)
+                b = chunk_bounds(numel, len(ranks))
+                tensor[b[v]:b[v + 1]] = expected[b[v]:b[v + 1]]
         with CommLedger() as ledger, PeerLog() as peers:
             try:
-                returned = fn(tensor)
+                if kind == "reduce_scatter":
+                    returned = fn(tensor)
+                elif kind == "all_gather" and rank in ranks:
+                    returned = fn(tensor, list(ranks))
+                elif kind == "all_reduce":
+                    returned = fn(tensor, _given_reduce_scatter(calls))
             except Exception as exc:  # noqa: BLE001 - reported to the learner in the kernel
-                error = caught(exc, "halving_doubling_all_reduce")
+                error = caught(exc, name)
+        p2p = sum(r.wire_bytes for r in ledger.records if r.op not in COLLECTIVES)
+        ops = [r.op for r in ledger.records if r.op in COLLECTIVES]
         out.append(dict(original=original, expected=expected, got=tensor, error=error, sends=peers.sends,
-                        returned=returned if isinstance(returned, torch.Tensor) else None,
-                        sent=ledger.total("wire_bytes"), ops=sorted({r.op for r in ledger.records} & COLLECTIVES)))
+                        returned=returned if isinstance(returned, torch.Tensor) else None, sent=p2p, ops=ops,
+                        calls=calls))
         if error:
             break
     return out
 
 
-def _values(n, ranks):
-    """Which mistake the values of one case look like, on all ranks (None when they are right)."""
-    got, exp, orig = ([r[k] for r in ranks] for k in ("got", "expected", "original"))
-    if all(torch.equal(g, e) for g, e in zip(got, exp)):
-        return None
+def run_sizes(fn, kind, world_sizes, timeout, name, check_case, other_size):
+    """Powers of two first; on each world size n, every case through ``check_case(n, label, numel, ranks)``.
+
+    A failure on a size that is not a power of two, once a power of two has passed, goes through
+    ``other_size(n, err)`` (which may name it as the lab's non-power-of-two mistake). Returns the
+    per-rank results of the last case on each size, for the summary."""
+    __tracebackhide__ = True
+    passed_power, last = False, {}
+    for n in sorted(world_sizes, key=lambda k: (k & (k - 1) != 0, k)):
+        if n < 2:
+            raise ValueError(f"world size {n}: an exchange between ranks needs at least 2; use 2 to 8.")
+        p, power = 1 << (n.bit_length() - 1), n & (n - 1) == 0
+        try:
+            per_rank = launch_answer(on_rank, (fn, kind, cases(p), name), n, timeout, name, HINTS["deadlock"])
+            for i, (numel, dtype) in enumerate(cases(p)):
+                ranks = [r[i] for r in per_rank if i < len(r)]
+                check_case(n, f"a {numel:,}-element {str(dtype).replace('torch.', '')} tensor", numel, ranks)
+        except LabCheckFailed as err:
+            if power or not passed_power:
+                raise
+            other_size(n, err)
+            raise
+        passed_power |= power
+        last[n] = [r[-1] for r in per_rank]
+    return last
+
+
+def collectives_and_errors(n, label, ranks, hints, allowed=False):
+    """used_collective when a rank called a collective (with ``allowed``: other than the given reduce-scatter's own
+    calls), else the first error caught, if any."""
+    __tracebackhide__ = True
+    for k, r in enumerate(ranks):
+        extra = list(r["ops"])
+        for _ in r["calls"] if allowed else ():  # the given reduce-scatter's own call
+            if "reduce_scatter" in extra:
+                extra.remove("reduce_scatter")
+        if extra:
+            raise LabCheckFailed("used_collective", f"{label}: rank {k} called {sorted(set(extra))}.",
+                                 hints["used_collective"], n)
+    return first_error(ranks)
+
+
+def value_mistake(n, got, exp, orig, ranks):
+    """The mistakes that values alone show on every kind: averaged, not in place; None when nothing fits."""
     if all(torch.allclose(g, e / n) if g.is_floating_point() else torch.equal(g, e // n) for g, e in zip(got, exp)):
         return "averaged"
-    if all(torch.equal(g, o) and r["returned"] is not None and torch.equal(r["returned"], e)
-           for g, o, e, r in zip(got, orig, exp, ranks)):
+    if all(torch.equal(g, o) and r["returned"] is not None for g, o, r in zip(got, orig, ranks)):
         return "not_in_place"
-    if all(torch.equal(g[g != e], o[g != e]) for g, e, o in zip(got, exp, orig)):
-        return "uncovered"  # every wrong element still holds this rank's input: no half contained it
-    return "wrong"
+    return None
 
 
-def _check_case(n, label, numel, ranks, wanted):
-    """Raise LabCheckFailed for the first mistake this case shows."""
+def wrong_at(n, label, numel, mistake, hints, rank, got, exp, what="the sum of the ranks' inputs"):
     __tracebackhide__ = True
-    used = sorted({op for r in ranks for op in r["ops"]})
-    if used:
-        raise LabCheckFailed("used_collective", f"{label}: called {used}.", HINTS["used_collective"], n)
-    error = first_error(ranks)
-    mistake = _values(n, ranks) if len(ranks) == n and not error else None
-    size = numel * ranks[0]["got"].element_size()
-    ideal, sent = sum(b for _, _, b in wanted.values()) * size, sum(r["sent"] for r in ranks)
-    p = 1 << (n.bit_length() - 1)
-    folded = set(range(0, 2 * (n - p), 2))  # the even ranks that sit out on a world size not a power of two
-    wrong_ranks = {k for k, rk in enumerate(ranks) if not torch.equal(rk["got"], rk["expected"])} if mistake else set()
-    if wrong_ranks and wrong_ranks <= folded:
-        mistake = "not_unfolded"  # every rank of the p is right: only the folded ones lack the result
-    elif mistake in ("wrong", "uncovered") and abs(sent - (ideal - (p - 1) * size)) < 1:
-        mistake = "doubling_missing"  # the halving phase's bytes only
-    if mistake:
-        r = next(k for k, rk in enumerate(ranks) if not torch.equal(rk["got"], rk["expected"]))
-        got, exp = ranks[r]["got"], ranks[r]["expected"]
-        bad = (got != exp).nonzero().flatten()
-        raise LabCheckFailed(mistake, f"{label}: rank {r} is wrong at {bad.numel()} of {numel} elements, first at "
-                             f"index {bad[0].item()}: got {got[bad[0]].item()}, expected {exp[bad[0]].item()} (the sum "
-                             "of the ranks' inputs).", HINTS[mistake], n)
-    raise_if_error(error, n, HINTS)
-    for rank, r in enumerate(ranks):
-        allowed, messages, _ = wanted[rank]
-        if len(r["sends"]) > messages:
-            raise LabCheckFailed("too_many_messages", f"{label}: the values are right, but rank {rank} sent "
-                                 f"{len(r['sends'])} messages (to ranks {[d for d, _ in r['sends']]}); recursive "
-                                 f"halving and doubling sends {messages} on this rank.", HINTS["too_many_messages"], n)
-        strangers = sorted({d for d, _ in r["sends"]} - allowed)
+    bad = (got != exp).nonzero().flatten()
+    raise LabCheckFailed(mistake, f"{label}: rank {rank} is wrong at {bad.numel()} of {got.numel()} elements, first "
+                         f"at index {bad[0].item()}: got {got[bad[0]].item()}, expected {exp[bad[0]].item()} ({what}).",
+                         hints[mistake], n)
+
+
+def pattern(n, label, ranks, partners, sent_elements, hints):
+    """Right values: now to whom, how many, in which order and how many bytes each rank sent.
+
+    ``partners[k]``: rank k's destinations, in order (a send that would be empty may be skipped);
+    ``sent_elements[k]``: the elements rank k sends in all."""
+    __tracebackhide__ = True
+    for k, r in enumerate(ranks):
+        dests, want = [d for d, _ in r["sends"]], partners[k]
+        strangers = sorted(set(dests) - set(want))
         if strangers:
-            raise LabCheckFailed("wrong_partner", f"{label}: the values are right, but rank {rank} sent to ranks "
-                                 f"{strangers}; its partners are ranks {sorted(allowed)}.", HINTS["wrong_partner"], n)
-    # Halves of uneven segments round: each step may send one element more or fewer than the exact share.
-    slack = 2 * p.bit_length() * ranks[0]["got"].element_size()
-    worst = max(range(n), key=lambda k: ranks[k]["sent"] - wanted[k][2] * size)
-    if abs(sent - ideal) >= 1 or ranks[worst]["sent"] > wanted[worst][2] * size + slack:
-        mistake = "too_many_bytes" if sent >= ideal else "too_few_bytes"
-        raise LabCheckFailed(mistake, f"{label}: the values are right, but the ranks sent {sent:,.0f} bytes in all, "
-                             f"{sent / ideal:.2f}x the algorithm's {ideal:,.0f} (rank {worst}: "
-                             f"{ranks[worst]['sent']:,.0f} bytes, formula {wanted[worst][2] * size:,.0f}).",
-                             HINTS[mistake], n)
+            raise LabCheckFailed("wrong_partner", f"{label}: the values are right, but rank {k} sent to ranks "
+                                 f"{strangers}; its partners are ranks {sorted(set(want))}.", hints["wrong_partner"], n)
+        if len(dests) > len(want):
+            raise LabCheckFailed("too_many_messages", f"{label}: the values are right, but rank {k} sent {len(dests)} "
+                                 f"messages (to ranks {dests}); the algorithm sends {len(want)} on this rank.",
+                                 hints["too_many_messages"], n)
+        it = iter(want)
+        if not all(d in it for d in dests):  # not a subsequence of the plan: the steps in another order
+            raise LabCheckFailed("wrong_order", f"{label}: the values are right, but rank {k} sent to ranks {dests} "
+                                 f"in that order; the algorithm's order is {want}.", hints["wrong_order"], n)
+        size = r["got"].element_size()
+        if r["sent"] != sent_elements[k] * size:
+            mistake = "too_many_bytes" if r["sent"] > sent_elements[k] * size else "too_few_bytes"
+            raise LabCheckFailed(mistake, f"{label}: the values are right, but rank {k} sent {r['sent']:,.0f} bytes; "
+                                 f"the algorithm sends {sent_elements[k] * size:,} on this rank "
+                                 f"({r['sent'] / max(1, sent_elements[k] * size):.2f}x).", hints[mistake], n)
 
 
-def check_halving_doubling(fn, world_sizes=(2, 3, 4), timeout=20.0):
-    """Check ``fn(tensor) -> None``, an in-place SUM all-reduce by recursive halving and doubling.
-
-    Powers of two are checked first. On each world size n, runs every case of ``cases(n)`` and
-    demands: (1) no collective is called; (2) every rank's tensor equals ``dist.all_reduce``'s;
-    (3) no rank sends more messages than ``plan(n)`` says, nor to a rank that is not one of its
-    partners; (4) the bytes sent add up to exactly 2(p-1) tensors plus 2 per folded pair, and no
-    rank sends more than its share (give or take rounding). Once the powers of two have passed, a
-    failure on another size is reported as the fold that is missing. Returns a ``CheckResult``;
-    raises ``LabCheckFailed`` with a hint.
-    """
-    __tracebackhide__ = True
-    lines, passed_power = [], False
-    for n in sorted(world_sizes, key=lambda k: (k & (k - 1) != 0, k)):  # powers of two first
-        if n < 2:
-            raise ValueError(f"world size {n}: an all-reduce between ranks needs at least 2; use 2 to 8.")
-        wanted, power = plan(n), n & (n - 1) == 0
-        try:
-            per_rank = launch_answer(_on_rank, (fn, cases(n)), n, timeout, "halving_doubling_all_reduce",
-                                     HINTS["deadlock"])
-            for i, (numel, dtype) in enumerate(cases(n)):
-                ranks = [r[i] for r in per_rank if i < len(r)]
-                _check_case(n, f"a {numel:,}-element {str(dtype).replace('torch.', '')} tensor", numel, ranks, wanted)
-        except LabCheckFailed as err:
-            if power or not passed_power or err.mistake not in ("wrong", "uncovered", "crash", "deadlock"):
-                raise
-            raise LabCheckFailed("not_power_of_two", f"right on {sorted(k for k in world_sizes if k & (k - 1) == 0)} "
-                                 f"ranks, but not on {n}:\n{err}", HINTS["not_power_of_two"], n) from None
-        passed_power |= power
-        last = [r[-1] for r in per_rank]
-        size = cases(n)[-1][0] * last[0]["got"].element_size()
-        lines.append(f"world_size={n}: {len(per_rank[0])} cases equal dist.all_reduce; on {cases(n)[-1][0]:,} elements "
-                     f"the ranks sent {min(len(r['sends']) for r in last)}-{max(len(r['sends']) for r in last)} "
-                     f"messages each (a ring: {2 * (n - 1)}), {sum(r['sent'] for r in last) / size:.4f} tensors in all "
-                     f"(formula {sum(b for _, _, b in wanted.values()):.4f}), only to their partners")
-    return CheckResult("halving_doubling_all_reduce", lines)
+def doubling_plan(numel, ranks):
+    """{real rank: (destinations in order, elements sent)} of the all-gather by recursive doubling among ``ranks``."""
+    p, out = len(ranks), {}
+    bounds = chunk_bounds(numel, p)
+    for v, rank in enumerate(ranks):
+        dests, elements, d = [], 0, 1
+        while d < p:
+            a = v - v % d
+            dests.append(ranks[v ^ d])
+            elements += bounds[a + d] - bounds[a]
+            d *= 2
+        out[rank] = (dests, elements)
+    return out

@@ -79,8 +79,16 @@ def _fix(program):  # lab 11a/11b: check_fix(program, diagnosis, fixed, world_si
 
 
 LABS = {lab.name: lab for lab in (
-    Lab("01_halving_doubling_lab", "halving_doubling", (
-        Part("halving-doubling all-reduce", ("halving_doubling_all_reduce",), "halving_doubling:check_halving_doubling",
+    Lab("01a_halving_reduce_scatter_lab", "halving_doubling", (
+        Part("recursive-halving reduce-scatter", ("halving_reduce_scatter",),
+             "halving_reduce_scatter:check_halving_reduce_scatter",
+             lambda check, a, n, smoke: check(a["halving_reduce_scatter"], world_sizes=_sizes(2, 4)(n), timeout=30)),
+    )),
+    Lab("01b_doubling_all_gather_lab", "halving_doubling", (
+        Part("recursive-doubling all-gather", ("doubling_all_gather",), "doubling_all_gather:check_doubling_all_gather",
+             lambda check, a, n, smoke: check(a["doubling_all_gather"], world_sizes=_sizes(2, 3, 4)(n), timeout=30)),
+        Part("the folded all-reduce", ("halving_doubling_all_reduce", "doubling_all_gather"),
+             "folded_all_reduce:check_halving_doubling_all_reduce",
              lambda check, a, n, smoke: check(a["halving_doubling_all_reduce"], world_sizes=_sizes(2, 3, 4)(n),
                                               timeout=30)),
     )),

@@ -1,0 +1,99 @@
+"""The checker of lab 01a: a reduce-scatter by recursive halving on p = 2^k ranks, run on ranks and explained.
+
+Used by ``labs/01a_halving_reduce_scatter_lab.ipynb``, which derives what is checked here; the machinery
+(cases, the peer log, the pattern check) is ``utils.checkers.halving_doubling``'s, shared with lab 01b.
+The answer ``fn(tensor)`` must leave chunk v of ``tensor.view(-1).tensor_split(p)`` summed over all
+ranks on rank v (its other elements may hold anything), send only to v XOR d for d = p/2, ..., 1 in
+that order, one message per step, and exactly the half of its range the partner keeps.
+"""
+
+import torch
+
+from ..comm.subgroup import chunk_bounds
+from .common import CheckResult, raise_if_error
+from .halving_doubling import HINTS as SHARED, collectives_and_errors, pattern, run_sizes, value_mistake, wrong_at
+
+NAME = "halving_reduce_scatter"
+
+HINTS = {
+    **SHARED,
+    "wrong_order": "halve from the largest distance down: d = p/2, p/4, ..., 1. Starting at d = 1 leaves rank v "
+                   "with chunk bit-reversed(v) (on 4 ranks, ranks 1 and 2 swap chunks): the first step decides "
+                   "the top bit of the chunk a rank ends with.",
+    "mirrored": "the rank whose bit d is CLEAR (v & d == 0) keeps the LOWER half of the range and sends the upper "
+                "one; with the rule the other way round, rank v ends with chunk p - 1 - v.",
+    "uneven": "right when the tensor cuts evenly into p chunks, wrong otherwise: halve the range of CHUNKS [a, b) "
+              "at c = (a + b) // 2 and find its elements with chunk_bounds(numel, p) (torch.tensor_split's cuts); "
+              "halving the elements themselves cuts elsewhere, or drops an odd one.",
+    "wrong": "each step halves the range of chunks [a, b) a rank holds: the rank whose bit d is clear keeps "
+             "[a, c), its partner [c, b), c = (a + b) // 2, and each ADDS the half it receives (receive into a "
+             "scratch buffer first: the half you keep still holds your own contribution).",
+}
+
+
+def halving_plan(numel, p):
+    """{v: (destinations in order, elements sent)} of the reduce-scatter by recursive halving on p ranks."""
+    bounds, out = chunk_bounds(numel, p), {}
+    for v in range(p):
+        a, b, d, dests, elements = 0, p, p // 2, [], 0
+        while d >= 1:
+            c = (a + b) // 2
+            keep, give = ((a, c), (c, b)) if v & d == 0 else ((c, b), (a, c))
+            dests.append(v ^ d)
+            elements += bounds[give[1]] - bounds[give[0]]
+            (a, b), d = keep, d // 2
+        out[v] = (dests, elements)
+    return out
+
+
+def _bit_reversed(v, p):
+    return int(f"{v:0{p.bit_length() - 1}b}"[::-1], 2) if p > 1 else 0
+
+
+def _check_case(n, label, numel, ranks):
+    """Raise LabCheckFailed for the first mistake this case shows."""
+    __tracebackhide__ = True
+    error = collectives_and_errors(n, label, ranks, HINTS)
+    if len(ranks) == n and not error:
+        chunk = lambda k, key, c=None: ranks[k][key].tensor_split(n)[k if c is None else c]  # noqa: E731
+        wrong = [k for k in range(n) if not torch.equal(chunk(k, "got"), chunk(k, "expected"))]
+        if wrong:
+            parts = [[chunk(k, key) for k in range(n)] for key in ("got", "expected", "original")]
+            mistake = value_mistake(n, *parts, ranks)
+            if mistake is None:
+                def holds(which):  # every rank k holds chunk which(k), complete
+                    return all(torch.equal(chunk(k, "got", which(k)), chunk(k, "expected", which(k))) for k in range(n))
+                mistake = ("wrong_order" if holds(lambda k: _bit_reversed(k, n)) else
+                           "mirrored" if holds(lambda k: n - 1 - k) else
+                           "uneven" if numel % n else "wrong")
+            k = wrong[0]
+            wrong_at(n, label, numel, mistake, HINTS, k, chunk(k, "got"), chunk(k, "expected"),
+                     f"chunk {k} of the sum, which rank {k} must hold")
+    raise_if_error(error, n, HINTS)
+    plan = halving_plan(numel, n)
+    pattern(n, label, ranks, {v: plan[v][0] for v in plan}, {v: plan[v][1] for v in plan}, HINTS)
+
+
+def check_halving_reduce_scatter(fn, world_sizes=(2, 4), timeout=20.0):
+    """Check ``fn(tensor) -> None``: a SUM reduce-scatter by recursive halving, in place, on p = 2^k ranks.
+
+    On each world size p, runs every case of ``halving_doubling.cases(p)`` and demands: (1) no collective
+    is called; (2) chunk v of every rank v equals chunk v of ``dist.all_reduce``'s result; (3) each rank
+    sends only to v XOR d, for d = p/2, ..., 1 in that order, one message per step; (4) exactly the elements
+    ``halving_plan`` says: (p-1)/p of the tensor per rank, give or take the uneven chunks. Returns a
+    ``CheckResult``; raises ``LabCheckFailed`` with a hint.
+    """
+    __tracebackhide__ = True
+    odd = [n for n in world_sizes if n < 2 or n & (n - 1)]
+    if odd:
+        raise ValueError(f"world sizes {odd}: recursive halving alone runs on a power of two of ranks; use 2, 4 or 8 "
+                         "(lab 01b folds the other sizes in).")
+    last = run_sizes(fn, "reduce_scatter", world_sizes, timeout, NAME, _check_case, None)
+    lines = []
+    for n, ranks in last.items():
+        numel, size = ranks[0]["got"].numel(), ranks[0]["got"].element_size()
+        lines.append(f"world_size={n}: every case's chunk v on rank v equals dist.all_reduce's; on {numel:,} "
+                     f"elements each rank sent {max(len(r['sends']) for r in ranks)} message(s) (a ring: {n - 1}), "
+                     f"{sum(r['sent'] for r in ranks) / (n * numel * size):.4f} of the tensor on average "
+                     f"(formula (p-1)/p = {(n - 1) / n:.4f}), only to v XOR d, d = {n // 2} first")
+    return CheckResult(NAME, lines)
