@@ -109,10 +109,14 @@ NOTES = {
     "11b_hangs_and_profiles": ("a hang read with the timeout report and `TORCH_DISTRIBUTED_DEBUG=DETAIL`",
                                "the profile of a DDP step (a trace to open in Perfetto)",
                                "How do I tell which rank is stuck, and on which collective?"),
-    "12_parallelism_as_graph_transformation": ("the transformer traced with `torch.fx` and its cost pass",
-                                               "balanced pipeline stages; tensor parallelism as a graph rewrite",
-                                               "Why does a symbolic trace fail on data-dependent control flow? "
-                                               "What does `torch.export` do instead?"),
+    "12a_fx_trace_and_cost": ("the transformer traced with `torch.fx`, and what a symbolic trace cannot do",
+                              "the cost pass against the course's formulas; balanced pipeline stages",
+                              "Why does a symbolic trace fail on data-dependent control flow? Why balance stages "
+                              "by cost and not by layer count?"),
+    "12b_fx_rewrite_and_export": ("tensor parallelism as a graph rewrite, equal to lesson 05's layers by hand",
+                                  "`torch.export` and the pipelining tracer",
+                                  "What does `torch.export` capture that a symbolic trace does not (and the "
+                                  "reverse)?"),
     "13a_frameworks_one_process": ("lesson 02's step in TensorFlow, equal to torch DDP",
                                    "the probe of `HierarchicalCopyAllReduce`",
                                    "Is this the same algorithm as torch DDP? (the same arithmetic, checked.)"),
