@@ -183,6 +183,7 @@ export TEACHER_PINS
 TEACHER_STAMP := $(VENV)/.teacher-stamp
 USERS ?= 4
 HUB_PORT ?= 8000
+HUB_ARGS ?=
 SLURM_ARGS ?= --learners alice,bob --account dl-course --start 2026-12-01T09:00:00
 
 .PHONY: teacher hub test-hub preflight slurm-recipe
@@ -193,8 +194,8 @@ $(TEACHER_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/python -m pip install --quiet --requirement $(VENV)/teacher-pins.txt
 	touch $(TEACHER_STAMP)
 
-hub: teacher  ## JupyterHub serving the course to USERS=N learners (learner1..N) on HUB_PORT; HUB_PASSWORD sets the password
-	$(BIN)/python -m utils.workshop.hub --users $(USERS) --port $(HUB_PORT)
+hub: teacher  ## JupyterHub serving the course to USERS=N learners (learner1..N) on HUB_PORT; HUB_PASSWORD sets the password; HUB_ARGS="--hub-port P --proxy-api-port Q"
+	$(BIN)/python -m utils.workshop.hub --users $(USERS) --port $(HUB_PORT) $(HUB_ARGS)
 
 test-hub: teacher  ## a real hub with 4 learners running 2-rank launches at once, the seats, the Slurm recipe (slow)
 	$(BIN)/python -m pytest -n 0 -v -rs tests/test_workshop_hub.py tests/test_workshop_slurm.py $(PYTEST_ARGS)

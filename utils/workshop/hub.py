@@ -139,11 +139,16 @@ def main(argv=None):
     parser.add_argument("--users", type=int, default=4, help="learners, named learner1 ... learnerN")
     parser.add_argument("--port", type=int, default=8000, help="the port learners open in their browser")
     parser.add_argument("--ip", default="0.0.0.0", help="the address to listen on (0.0.0.0: every interface)")
+    parser.add_argument("--hub-port", type=int, default=8081, help="the hub's own port (on 127.0.0.1)")
+    parser.add_argument("--proxy-api-port", type=int, default=8001, help="the proxy's API port (on 127.0.0.1)")
     parser.add_argument("--state-dir", default=str(ROOT / "build" / "hub"), help="config, database, homes")
     args = parser.parse_args(argv)
     users = [f"learner{i}" for i in range(1, args.users + 1)]
     os.environ.setdefault("HUB_PASSWORD", secrets.token_urlsafe(9))
-    config = write_config(args.state_dir, users=users, port=args.port, ip=args.ip)
+    if len(os.environ["HUB_PASSWORD"]) < 8:
+        parser.error(f"HUB_PASSWORD has {len(os.environ['HUB_PASSWORD'])} characters: choose 8 or more")
+    config = write_config(args.state_dir, users=users, port=args.port, ip=args.ip, hub_port=args.hub_port,
+                          proxy_api_port=args.proxy_api_port)
     for seat in deal_seats(users):
         print(f"[hub] {seat.describe()}")
     host = "localhost" if args.ip in ("127.0.0.1", "localhost") else "<this machine's address>"

@@ -210,7 +210,8 @@ def check_ports(ports=PORTS) -> Check:
                 busy.append(f"{port} ({what})")
     if busy:
         return Check("ports", "warn", f"in use: {', '.join(busy)}",
-                     "`ss -ltnp` shows who listens; stop it, or choose others (make hub HUB_PORT=...)")
+                     "`ss -ltnp` shows who listens; stop it, or choose others: "
+                     "make hub HUB_PORT=... HUB_ARGS='--hub-port P --proxy-api-port Q'")
     return Check("ports", "ok", f"free: {', '.join(map(str, ports))}")
 
 
