@@ -125,7 +125,7 @@ import torch, torch.distributed as dist
 import utils
 
 def hello():
-    t = torch.tensor([float(dist.get_rank())])
+    t = torch.tensor([float(dist.get_rank())], device=utils.rank_device())  # a GPU box: NCCL if the seat has 2 GPUs
     dist.all_reduce(t)
     return t.item(), os.getpid(), sorted(os.sched_getaffinity(0)), torch.get_num_threads()
 
@@ -135,7 +135,7 @@ print("RESULT", json.dumps({"sums": [r[0] for r in results], "pids": [r[1] for r
                             "tmp": tempfile.gettempdir(), "kernel": os.getpid()}))
 """
 MAGIC = """%%ranks 2 --return total
-t = torch.tensor([float(rank)])
+t = torch.tensor([float(rank)], device=device)
 dist.all_reduce(t)
 total = t.item()
 """
