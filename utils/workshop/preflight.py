@@ -9,7 +9,8 @@ so a pass means lesson 00 runs here. The GPU checks run only where there are GPU
 tests/test_preflight.py fakes them the way tests/test_hardware_branches.py fakes hardware.
 
 Memory per learner is measured, not guessed: the resident memory of this process (a kernel's worth of
-torch), of the rank server and of a rank in the 2-rank all-reduce, for a kernel, a server and 4 ranks.
+torch), of the rank server and of a rank in the 2-rank all-reduce, for a kernel, a server and 4 ranks
+(resident memory counts the shared libraries in every process: an upper bound).
 That is the launcher's floor; lessons add their models, so the check asks for twice the floor free
 (an allowance, said as such in the message).
 """
