@@ -172,3 +172,36 @@ browser-test: setup  ## JupyterLab in headless Chromium: lesson 00's %%ranks and
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
 	$(BIN)/python -m pip install --quiet $$($(BIN)/python -c "$$BROWSER_PINS")
 	$(BIN)/python -m pytest tests/browser -v -rs -p no:cacheprovider $(PYTEST_ARGS)
+
+# Teaching a workshop (README): the course served to USERS learners from this machine by JupyterHub, the
+# `teacher` extra of pyproject.toml (never part of `make setup`); a check of the box; the Slurm recipe.
+define TEACHER_PINS
+import tomllib
+print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["teacher"]))
+endef
+export TEACHER_PINS
+TEACHER_STAMP := $(VENV)/.teacher-stamp
+USERS ?= 4
+HUB_PORT ?= 8000
+HUB_ARGS ?=
+SLURM_ARGS ?= --learners alice,bob --account dl-course --start 2026-12-01T09:00:00
+
+.PHONY: teacher hub test-hub preflight slurm-recipe
+teacher: $(TEACHER_STAMP)  ## the [teacher] extra (JupyterHub and its proxy, in Python) into .venv
+
+$(TEACHER_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -c "$$TEACHER_PINS" > $(VENV)/teacher-pins.txt
+	$(BIN)/python -m pip install --quiet --requirement $(VENV)/teacher-pins.txt
+	touch $(TEACHER_STAMP)
+
+hub: teacher  ## JupyterHub serving the course to USERS=N learners (learner1..N) on HUB_PORT; HUB_PASSWORD sets the password; HUB_ARGS="--hub-port P --proxy-api-port Q"
+	$(BIN)/python -m utils.workshop.hub --users $(USERS) --port $(HUB_PORT) $(HUB_ARGS)
+
+test-hub: teacher  ## a real hub with 4 learners running 2-rank launches at once, the seats, the Slurm recipe (slow)
+	$(BIN)/python -m pytest -n 0 -v -rs tests/test_workshop_hub.py tests/test_workshop_slurm.py $(PYTEST_ARGS)
+
+preflight: setup  ## check this box before a workshop for USERS learners: a verdict, with the fix for each failure
+	$(BIN)/python -m utils.workshop.preflight --learners $(USERS)
+
+slurm-recipe: setup  ## the Slurm recipe (reservation, one JupyterLab job per learner, SSH tunnel); SLURM_ARGS
+	$(BIN)/python -m utils.workshop.slurm $(SLURM_ARGS)

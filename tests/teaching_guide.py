@@ -233,7 +233,9 @@ def render():
              "file, not this one. -->", "",
              "For a teacher preparing a one- or two-day workshop on a shared GPU box, a JupyterHub or a Slurm "
              "cluster. Every figure below is measured (how: the end of this page); the schedules are built from "
-             "those minutes, so they hold as long as the notebooks do.", "",
+             "those minutes, so they hold as long as the notebooks do. The room itself (`make preflight USERS=N` checks the "
+             "box, `make hub USERS=N` serves the course to N learners, `make slurm-recipe` prints the cluster's "
+             "reservation, jobs and SSH tunnel): the README's \"Teaching a workshop\".", "",
              "## Every lesson and lab", "",
              "Minutes: the whole sitting (reading + code + running + exercises); running at full parameters on a "
              "shared 2-core machine, an upper bound for a laptop. Ranks: the notebook's default `WORLD_SIZE` "

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from utils import RankError, RankTimeoutError, rank_device, run_ranks
 from utils.launch import plan_launch, rank_server
+from utils.hardware import usable_cores
 
 pytestmark = pytest.mark.usefixtures("no_children_left")
 
@@ -154,7 +155,7 @@ def test_nccl_without_gpus_is_refused_with_the_numbers():
 
 
 def test_too_many_cpu_ranks_warns_with_the_numbers():
-    cores = os.cpu_count()
+    cores = usable_cores()  # the affinity the launcher shares out
     with pytest.warns(UserWarning, match=rf"{2 * cores + 1} CPU ranks on {cores} cores"):
         plan_launch(2 * cores + 1, backend="gloo")
 
@@ -229,7 +230,7 @@ def test_the_server_imports_what_the_caller_imported_so_ranks_need_not():
 
 
 def test_threads_per_rank_default_shares_the_cores_and_can_be_set():
-    cores = os.cpu_count()
+    cores = usable_cores()  # the affinity the launcher shares out
     assert run_ranks(torch.get_num_threads, world_size=1, verbose=False) == [cores]
     assert run_ranks(torch.get_num_threads, world_size=2, verbose=False) == [max(1, cores // 2)] * 2
     assert run_ranks(torch.get_num_threads, world_size=2, threads_per_rank=3, verbose=False) == [3, 3]
@@ -278,7 +279,7 @@ def test_a_rank_uses_openmp_after_the_caller_did():
         b = torch.randn(400, 400)
         return float((b @ b).sum() * 0) + torch.get_num_threads()
 
-    assert run_ranks(matmul, world_size=1, timeout=20, verbose=False) == [float(os.cpu_count())]
+    assert run_ranks(matmul, world_size=1, timeout=20, verbose=False) == [float(usable_cores())]
 
 
 @pytest.mark.slow

@@ -36,6 +36,8 @@ Each module holds one idea and names the notebook that derives it; each folder's
 - ``utils.widgets``: the ipywidgets front ends: ``memory`` (notebook 03), ``pipeline`` (06b), ``planner`` (09).
 - ``utils.checkers``: the labs' checkers, one module per lab named like ``labs/solutions/``, and ``common``
   (``LabCheckFailed``, ``CheckResult``, ``fail``, tolerances).
+- ``utils.workshop``: a teacher's tools, no lesson's: ``seats`` (cores and GPUs dealt to learners), ``hub``
+  (``make hub``, optional ``[teacher]`` extra), ``slurm`` (the cluster recipe), ``preflight`` (``make preflight``).
 
 Importing ``utils`` starts nothing, seeds nothing and prints nothing. It sets one environment
 variable, ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` (unless you set it): ``torch.cuda.is_available()``

@@ -35,6 +35,15 @@ def describe_machine() -> dict:
     }
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity, which a container's cpuset, a Slurm job's
+    binding or a workshop hub's per-learner slice (``utils/workshop/hub.py``) narrows; ``os.cpu_count()``
+    counts the whole machine's regardless. Python 3.13's ``os.process_cpu_count()`` asks the same."""
+    if hasattr(os, "sched_getaffinity"):  # Linux; macOS and Windows have no affinity to narrow
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def _gpu_names():
     if not shutil.which("nvidia-smi"):
         return ["(names need nvidia-smi)"]

@@ -6,7 +6,9 @@ Nothing is started here. ``plan_launch`` answers three questions, or raises sayi
   GPUs as ranks, otherwise gloo with CPU tensors. Two NCCL ranks cannot share one GPU, so on a
   1-GPU machine one rank runs on the GPU over NCCL and 2 or more run on the CPU over gloo (the
   launch line says which, and why).
-- **How many torch threads per rank?** The cores shared out: a rank never gets fewer than one.
+- **How many torch threads per rank?** The cores shared out: a rank never gets fewer than one. The
+  cores are those this kernel may run on (its CPU affinity: ``utils.hardware.usable_cores``), so a
+  learner on a workshop hub, whose server is pinned to a slice of the machine, shares out the slice.
 - **Is the machine oversubscribed?** More CPU ranks than cores still works, timings get pessimistic.
 
 The number of GPUs comes from ``torch.cuda.device_count()``, which asks the driver without
@@ -23,6 +25,10 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from ..hardware import usable_cores
+
+SEAT_VARIABLE = "COURSE_SEAT"  # set by a workshop hub (utils/workshop/hub.py): this learner's share, in words
+
 
 @dataclasses.dataclass(frozen=True)
 class LaunchPlan:
@@ -35,11 +41,15 @@ class LaunchPlan:
     cpu_cores: int
     gpus: int  # GPUs visible to this process
     note: str = ""  # why the backend is not the obvious one, if it is not
+    seat: str = ""  # on a workshop hub: the cores and GPUs this learner was dealt ($COURSE_SEAT)
 
     def describe(self) -> str:
         """The ``[launch]`` line printed above a multi-rank cell's output."""
         if self.device == "cuda":
             where = f"GPU {'0' if self.world_size == 1 else f'0-{self.world_size - 1}'}"
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            if visible:  # torch numbers the visible GPUs from 0: say which of the machine's they are
+                where += f" (the machine's {visible}: CUDA_VISIBLE_DEVICES)"
         else:
             where = "CPU"
         line = (f"[launch] {self.world_size} rank{'s' if self.world_size > 1 else ''} · {self.backend} on {where} · "
@@ -48,7 +58,8 @@ class LaunchPlan:
             # on a line of its own: JupyterLab wraps a long output line anywhere, mid-word too
             line += (f"\n[launch] oversubscribed: {self.world_size} ranks share {self.cpu_cores} cores, "
                      f"so results are right and timings pessimistic")
-        return line + (f"\n[launch] {self.note}" if self.note else "")
+        line += f"\n[launch] {self.note}" if self.note else ""
+        return line + (f"\n[launch] your seat: {self.seat}" if self.seat else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,10 +128,10 @@ def plan_launch(world_size, backend="auto", threads_per_rank=None) -> LaunchPlan
                     f"world_size<={gpus} runs on the GPU{'s' if gpus > 1 else ''} over NCCL.")
     device = "cuda" if backend == "nccl" else "cpu"
 
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     if device == "cpu" and world_size > 2 * cores:
         warnings.warn(f"{world_size} CPU ranks on {cores} cores is more than this machine can sensibly run: "
                       f"each rank gets {cores / world_size:.2f} of a core, results stay correct but every step is slow. "
                       f"Use world_size<={2 * cores} here, or a machine with more cores.", stacklevel=3)
     threads = threads_per_rank or default_threads(world_size, cores)
-    return LaunchPlan(world_size, backend, device, threads, cores, gpus, note)
+    return LaunchPlan(world_size, backend, device, threads, cores, gpus, note, os.environ.get(SEAT_VARIABLE, ""))

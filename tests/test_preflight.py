@@ -1,0 +1,133 @@
+"""``make preflight`` (utils/workshop/preflight.py): the CPU path for real, the GPU branches with faked hardware
+(as tests/test_hardware_branches.py fakes DeepSpeed's answers), and each threshold on both sides."""
+
+import re
+
+import pytest
+import torch
+
+import utils.workshop.preflight as pf
+
+GIB = 2**30
+
+
+def test_the_cpu_path_runs_for_real(capsys):
+    code = pf.main(["--learners", "1"])
+    out = capsys.readouterr().out
+    for name in ("python", "torch", "gloo", "ports", "rank server", "2-rank all-reduce", "cores", "memory", "disk"):
+        assert re.search(rf"^\[(ok  |WARN|FAIL)\] {name}: ", out, re.M), f"no {name} line in:\n{out}"
+    assert "[ok  ] rank server: started and forked a rank" in out, out
+    assert "[ok  ] 2-rank all-reduce: 0 + 1 = [1.0, 1.0]" in out, out
+    assert re.search(r"^\[preflight\] (READY|NOT READY)", out, re.M)
+    assert code == (1 if "[FAIL]" in out else 0), "the exit status says whether anything failed"
+    assert all("fix: " in block for block in out.split("\n[")[1:] if block.startswith(("WARN", "FAIL"))), \
+        "every warning and failure says how to fix it"
+
+
+@pytest.mark.parametrize("version, status", [((3, 12, 1), "ok"), ((3, 11, 0), "ok"), ((3, 10, 9), "fail"),
+                                             ((3, 13, 0), "fail")])
+def test_python_version(version, status):
+    check = pf.check_python(version)
+    assert check.status == status and (status == "ok" or "make setup PYTHON=" in check.fix)
+
+
+def test_torch_branches():
+    assert pf.check_torch("2.13.0", "12.8", gpus=8, driver_gpus=8).status == "ok"
+    assert pf.check_torch("2.13.0+cpu", None, gpus=0, driver_gpus=0).status == "ok"  # a laptop
+    cpu_wheel = pf.check_torch("2.13.0+cpu", None, gpus=0, driver_gpus=4)
+    assert cpu_wheel.status == "fail" and "SYSTEM_TORCH=1" in cpu_wheel.fix and "4 GPU(s)" in cpu_wheel.detail
+    hidden = pf.check_torch("2.12.1", "12.6", gpus=2, driver_gpus=4)
+    assert hidden.status == "fail" and "sees 2 of the 4" in hidden.detail
+    assert pf.check_torch("2.9.0", "12.6", gpus=1, driver_gpus=1).status == "fail"
+
+
+@pytest.mark.parametrize("cores, learners, status", [(16, 4, "ok"), (8, 4, "ok"), (2, 4, "warn"), (2, 1, "ok"),
+                                                     (2, 5, "fail")])
+def test_cores_per_learner(cores, learners, status):
+    assert pf.check_cores(learners, cores).status == status
+
+
+def test_memory_and_disk_thresholds():
+    floor = GIB  # a learner's measured launcher floor
+    assert pf.check_memory(4, floor, available=9 * GIB).status == "ok"  # 4 x 1 GiB x 2 = 8 GiB wanted
+    assert pf.check_memory(4, floor, available=5 * GIB).status == "warn"
+    too_little = pf.check_memory(4, floor, available=3 * GIB)
+    assert too_little.status == "fail" and "at most 3" in too_little.fix
+    assert pf.check_disk(4, free=100 * GIB).status == "ok"
+    assert pf.check_disk(4, free=1 * GIB).status == "fail"
+
+
+def test_a_busy_port_is_named():
+    import socket
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        check = pf.check_ports({port: "a test's listener"})
+    assert check.status == "warn" and f"{port} (a test's listener)" in check.detail and "ss -ltnp" in check.fix
+
+
+@pytest.fixture
+def three_gpus(monkeypatch):
+    """A box with three GPUs: GPU 1 broken, GPU 2 half full of someone else's tensors, the link 0<->2 down.
+    The launcher's own checks still run for real (on the CPU, over gloo)."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.setattr(pf, "_nvidia_smi_gpus", lambda: 3)
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+
+    def probe(i):
+        if i == 1:
+            raise RuntimeError("CUDA error: uncorrectable ECC error encountered")
+        return "NVIDIA H100 80GB HBM3", 80 * GIB, (40 if i == 2 else 0.5) * GIB, True
+
+    pairs = []
+
+    def pair(i, j):
+        pairs.append((i, j))
+        if (i, j) == (0, 2):
+            raise RuntimeError("NCCL error: unhandled system error\nmore lines")
+        return [3.0, 3.0]
+
+    monkeypatch.setattr(pf, "_probe_gpu", probe)
+    monkeypatch.setattr(pf, "_pair_all_reduce", pair)
+    return pairs
+
+
+def test_gpu_branches(three_gpus):
+    checks = {c.name: c for c in pf.run_preflight(learners=3)}
+    assert three_gpus == [(0, 1), (0, 2), (1, 2)], "every pair of GPUs, once"
+    assert checks["GPU 0"].status == "ok" and "NVIDIA H100" in checks["GPU 0"].detail
+    assert checks["GPU 1"].status == "fail" and "ECC" in checks["GPU 1"].detail and "CUDA_VISIBLE_DEVICES" in checks["GPU 1"].fix
+    assert checks["GPU 2"].status == "warn" and "40.0 GiB already in use" in checks["GPU 2"].detail
+    assert checks["NCCL 0<->1"].status == "ok" and checks["NCCL 1<->2"].status == "ok"
+    assert checks["NCCL 0<->2"].status == "fail" and checks["NCCL 0<->2"].detail == "NCCL error: unhandled system error"
+    assert "NCCL_DEBUG=INFO" in checks["NCCL 0<->2"].fix
+    assert checks["GPU seats"].status == "ok" and "GPU 0" in checks["GPU seats"].detail  # one GPU each for 3 learners
+    text = pf.verdict(list(checks.values()))
+    assert text.startswith("NOT READY: 2 failure(s) (GPU 1, NCCL 0<->2)")
+
+
+def test_one_gpu_means_no_pairs(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(pf, "_probe_gpu", lambda i: ("a GPU", 16 * GIB, 0, True))
+    monkeypatch.setattr(pf, "_pair_all_reduce", lambda i, j: pytest.fail("no pair on a 1-GPU box"))
+    monkeypatch.setattr(pf, "check_rank_server", lambda: (pf.Check("rank server", "ok", "faked"), GIB // 4))
+    monkeypatch.setattr(pf, "check_all_reduce", lambda: (pf.Check("2-rank all-reduce", "ok", "faked"), GIB // 4))
+    checks = {c.name: c for c in pf.run_preflight(learners=2)}
+    assert "GPU 0" in checks and not any(name.startswith("NCCL") for name in checks)
+    assert checks["GPU seats"].status == "warn" and "share GPUs" in checks["GPU seats"].fix
+
+
+def test_verdicts():
+    ok, warn, fail = pf.Check("a", "ok", ""), pf.Check("b", "warn", "", "x"), pf.Check("c", "fail", "", "y")
+    assert pf.verdict([ok]) == "READY: every check passed."
+    assert pf.verdict([ok, warn]).startswith("READY, with 1 warning(s) (b)")
+    assert pf.verdict([ok, warn, fail]).startswith("NOT READY: 1 failure(s) (c), 1 warning(s)")
+
+
+@pytest.mark.gpu
+def test_nccl_pairs_for_real():
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"{torch.cuda.device_count()} GPU(s) here: the NCCL pairs need two")
+    checks = pf.check_nccl_pairs([0, 1])
+    assert [c.status for c in checks] == ["ok"], [c.line() for c in checks]
