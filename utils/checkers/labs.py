@@ -29,13 +29,17 @@ class Part:
     """One graded part of a lab: ``needs`` the learner's names, ``check`` "module:function" of utils.checkers.
 
     ``call(check_function, answers, world_size, smoke)`` calls the checker the way the lab's check
-    cell does, with the world sizes the notebook derives from its WORLD_SIZE.
+    cell does, with the world sizes the notebook derives from its WORLD_SIZE. ``timeout``: the seconds
+    a grader gives one answer to this part, wall clock, start-up included (``utils.workshop.grade``);
+    several times what a right answer takes at WORLD_SIZE=4 on a loaded 2-core machine, and more than
+    the checker's own launch timeouts, so that a hang inside the checker is reported by the checker.
     """
 
     name: str
     needs: tuple
     check: str
     call: object
+    timeout: float = 120.0
 
     def checker(self):
         module, function = self.check.split(":")
