@@ -36,6 +36,7 @@ BAD = {  # learner -> (the answer cell's new source, or a notebook's raw text), 
     "writes_outside": ("import os\n\n" + SIGNATURE + "    for path in ('~/planted-by-grade-test', '../planted-by-grade-test',"
                        " 'planted-by-grade-test'):\n        open(os.path.expanduser(path), 'w').write('x')\n"
                        "    return []\n", "no_divisibility_check"),
+    "imports_reference": (f"from labs.solutions.pipeline_schedule import {NAME}\n", "imports_reference"),
     "prints_megabytes": (SIGNATURE + f"    print('x' * {MEGABYTES << 20}, flush=True)\n    return []\n",
                          "no_divisibility_check"),
 }

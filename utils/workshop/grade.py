@@ -90,7 +90,8 @@ class Verdict:
 
 
 def find_submissions(folder):
-    """(answers, skipped): every lab notebook under ``folder`` by learner, and the other notebooks found."""
+    """(answers, skipped): every lab notebook under ``folder`` by learner, and the other notebooks found (not labs,
+    or a learner's second copy of a lab: the first in path order is graded)."""
     folder = Path(folder)
     if (folder / "submitted").is_dir():
         folder = folder / "submitted"
@@ -103,7 +104,7 @@ def find_submissions(folder):
             relative = notebook.relative_to(learner)
             if ".ipynb_checkpoints" in relative.parts or len(relative.parts) > 2:
                 continue
-            if notebook.stem in LABS:
+            if notebook.stem in LABS and (learner.name, notebook.stem) not in {(a.learner, a.lab) for a in answers}:
                 answers.append(Answer(learner.name, notebook.stem, notebook.resolve(),
                                       str(relative.with_suffix(".md"))))
             else:
@@ -156,6 +157,11 @@ def grade_one(notebook, lab, index, world_size, smoke):
     if missing:
         return dict(verdict="missing", mistake=", ".join(missing), message=f"the notebook defines no "
                     f"{', '.join(missing)}", hint=f"keep the names of the notebook's stubs: {', '.join(part.needs)}")
+    borrowed = [name for name in part.needs if "solutions" in str(getattr(answers[name], "__module__", "")).split(".")]
+    if borrowed:  # `from labs.solutions... import`: the repository is on the path, so the import works
+        return dict(verdict="mistake", mistake="imports_reference", message=f"{', '.join(borrowed)}: imported from "
+                    "the reference solution (labs/solutions/), not written in the notebook",
+                    hint="write your own answer between the ## YOUR CODE markers.")
     try:
         result = part.run(answers, world_size, smoke)
     except LabCheckFailed as err:
