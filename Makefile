@@ -133,8 +133,8 @@ GRADE_ARGS ?=
 
 .PHONY: grade
 grade: setup  ## grade SUBMISSIONS=folder (nbgrader's submitted/) into GRADEBOOK=build/gradebook; GRADE_ARGS=--workers N ...
-	@test -n "$(SUBMISSIONS)" || { echo "make grade SUBMISSIONS=folder: the folder of submissions, one folder per learner \
-	  (nbgrader's submitted/<learner>/<assignment>/<lab>.ipynb)"; exit 1; }
+	@test -n "$(SUBMISSIONS)" || { echo "make grade SUBMISSIONS=folder: the submissions, one folder per learner" \
+	  "(nbgrader's submitted/<learner>/<assignment>/<lab>.ipynb)"; exit 1; }
 	$(BIN)/python -m utils.workshop.grade "$(SUBMISSIONS)" "$(GRADEBOOK)" $(GRADE_ARGS)
 
 # Optional lesson 13 (TensorFlow beside torch): its own extra, never part of `make setup`/`make test`.

@@ -34,8 +34,8 @@ PLANTED = {
                               "        return torch.logsumexp(logits, dim=-1)\n\n"
                               "    @staticmethod\n    def backward(ctx, grad):\n        return None, None\n",
     "06_pipeline_lab": "def interleaved_one_f_one_b(rank, ranks, microbatches, chunks):\n"
-                       "    forwards = [('F', m, c) for c in range(chunks) for m in range(microbatches)]\n"
-                       "    return forwards + [('B', m, c) for c in reversed(range(chunks)) for m in range(microbatches)]\n",
+                       "    f = [('F', m, c) for c in range(chunks) for m in range(microbatches)]\n"
+                       "    return f + [('B', m, c) for c in reversed(range(chunks)) for m in range(microbatches)]\n",
     "09_plan_3d_lab": "def choose_plan(model, cluster, n_gpus, global_batch, precision, memory_cap):\n    return None\n",
     "11a_collective_hangs_lab": "diagnosis_A = diagnosis_B = diagnosis_C = 'order'\n",
     "11b_send_and_ddp_hangs_lab": "diagnosis_D = diagnosis_E = diagnosis_F = 'order'\n",
@@ -98,7 +98,7 @@ def planted_notebook(lab):
 
 
 def build_class(folder, learners=30, labs=tuple(LABS)):
-    """``learners`` learners' notebooks for ``labs`` in nbgrader's layout: folder/submitted/<learner>/<lab>/<lab>.ipynb."""
+    """``learners`` learners' notebooks for ``labs``, nbgrader's layout: folder/submitted/<learner>/<lab>/<lab>.ipynb."""
     made = {"reference": reference_notebook, "stub": lambda lab: notebook_with(lab), "planted": planted_notebook}
     kinds = ["reference", "stub", "reference", "planted", "reference"]
     counts = dict.fromkeys(made, 0)

@@ -33,9 +33,9 @@ BAD = {  # learner -> (the answer cell's new source, or a notebook's raw text), 
     "never_returns": (SIGNATURE + "    while True:\n        pass\n", "timeout"),
     "exits": ("import os\n\n" + SIGNATURE + "    os._exit(3)\n", "crash"),
     "kills_itself": ("import os, signal\n\n" + SIGNATURE + "    os.kill(os.getpid(), signal.SIGKILL)\n", "crash"),
-    "writes_outside": ("import os\n\n" + SIGNATURE + "    for path in ('~/planted-by-grade-test', '../planted-by-grade-test',"
-                       " 'planted-by-grade-test'):\n        open(os.path.expanduser(path), 'w').write('x')\n"
-                       "    return []\n", "no_divisibility_check"),
+    "writes_outside": ("import os\n\n" + SIGNATURE + "    for path in ('~/planted-by-grade-test',"
+                       " '../planted-by-grade-test', 'planted-by-grade-test'):\n"
+                       "        open(os.path.expanduser(path), 'w').write('x')\n    return []\n", "no_divisibility_check"),
     "imports_reference": (f"from labs.solutions.pipeline_schedule import {NAME}\n", "imports_reference"),
     "prints_megabytes": (SIGNATURE + f"    print('x' * {MEGABYTES << 20}, flush=True)\n    return []\n",
                          "no_divisibility_check"),
@@ -122,6 +122,8 @@ def test_bad_submissions_are_verdicts_and_touch_nothing_outside(tmp_path):
 
     assert _listing(ROOT) == before, "an answer changed a file of the repository"
     assert not home_file.exists(), "an answer wrote to the grader's HOME"
+    import tempfile
+    assert not list(Path(tempfile.gettempdir()).glob("grade-*/**/planted-by-grade-test")), "a run's folder was kept"
     by_learner = {v.learner: v for v in verdicts if v.lab == LAB}
     got = {learner: cell([by_learner[learner]]) for learner in BAD}
     assert got == {learner: want for learner, (_, want) in BAD.items()}

@@ -291,7 +291,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     from .gradebook import write_gradebook
 
-    answers, skipped = find_submissions(args.submissions)
+    try:
+        answers, skipped = find_submissions(args.submissions)
+    except FileNotFoundError as err:
+        parser.error(str(err))
     if args.labs:
         unknown = set(args.labs) - set(LABS)
         if unknown:
