@@ -133,6 +133,18 @@ strip:  ## remove outputs from every notebook (what git's nbstripout filter does
 clean:
 	rm -rf build .pytest_cache
 
+# Workshops: grade the learners' lab notebooks (utils/workshop/grade.py). SUBMISSIONS: one folder per learner,
+# as nbgrader collects them (submitted/<learner>/<assignment>/<lab>.ipynb); the gradebook and feedback go to GRADEBOOK.
+SUBMISSIONS ?=
+GRADEBOOK ?= build/gradebook
+GRADE_ARGS ?=
+
+.PHONY: grade
+grade: setup  ## grade SUBMISSIONS=folder (nbgrader's submitted/) into GRADEBOOK=build/gradebook; GRADE_ARGS=--workers N ...
+	@test -n "$(SUBMISSIONS)" || { echo "make grade SUBMISSIONS=folder: the submissions, one folder per learner" \
+	  "(nbgrader's submitted/<learner>/<assignment>/<lab>.ipynb)"; exit 1; }
+	$(BIN)/python -m utils.workshop.grade "$(SUBMISSIONS)" "$(GRADEBOOK)" $(GRADE_ARGS)
+
 # Optional lesson 13 (TensorFlow beside torch): its own extra, never part of `make setup`/`make test`.
 # Only the extra's pins are installed (the course and its torch stay as they are, SYSTEM_TORCH=1 too).
 define FRAMEWORKS_PINS

@@ -29,13 +29,17 @@ class Part:
     """One graded part of a lab: ``needs`` the learner's names, ``check`` "module:function" of utils.checkers.
 
     ``call(check_function, answers, world_size, smoke)`` calls the checker the way the lab's check
-    cell does, with the world sizes the notebook derives from its WORLD_SIZE.
+    cell does, with the world sizes the notebook derives from its WORLD_SIZE. ``timeout``: the seconds
+    a grader gives one answer to this part, wall clock, start-up included (``utils.workshop.grade``);
+    several times what a right answer takes at WORLD_SIZE=4 on a loaded 2-core machine, and more than
+    the checker's own launch timeouts, so that a hang inside the checker is reported by the checker.
     """
 
     name: str
     needs: tuple
     check: str
     call: object
+    timeout: float = 120.0
 
     def checker(self):
         module, function = self.check.split(":")
@@ -75,7 +79,8 @@ def _fix(program):  # lab 11a/11b: check_fix(program, diagnosis, fixed, world_si
     def call(check, a, n, smoke):
         sizes = sorted({2, n}) if smoke else sorted({2, 3, n})
         return check(program, a[f"diagnosis_{program}"], a[f"fixed_{program}"], world_sizes=sizes, timeout=30)
-    return Part(f"program {program}", (f"diagnosis_{program}", f"fixed_{program}"), "hang_debugging:check_fix", call)
+    return Part(f"program {program}", (f"diagnosis_{program}", f"fixed_{program}"), "hang_debugging:check_fix", call,
+                timeout=240)
 
 
 LABS = {lab.name: lab for lab in (
@@ -90,33 +95,35 @@ LABS = {lab.name: lab for lab in (
         Part("the folded all-reduce", ("halving_doubling_all_reduce", "doubling_all_gather"),
              "folded_all_reduce:check_halving_doubling_all_reduce",
              lambda check, a, n, smoke: check(a["halving_doubling_all_reduce"], world_sizes=_sizes(2, 3, 4)(n),
-                                              timeout=30)),
+                                              timeout=30), timeout=150),
     )),
     Lab("02_ddp_lab", "ddp", (
         Part("BucketedDDP", ("BucketedDDP",), "ddp:check_ddp",
-             lambda check, a, n, smoke: check(a["BucketedDDP"], world_sizes=_sizes(2, 3)(n), steps=2 if smoke else 3)),
+             lambda check, a, n, smoke: check(a["BucketedDDP"], world_sizes=_sizes(2, 3)(n), steps=2 if smoke else 3),
+             timeout=240),
     )),
     Lab("03_zero_lab", "zero", (
         Part("make_buckets", ("make_buckets",), "zero_buckets:check_make_buckets",
-             lambda check, a, n, smoke: check(a["make_buckets"])),
+             lambda check, a, n, smoke: check(a["make_buckets"]), timeout=60),
         Part("BucketedZeRO2", ("BucketedZeRO2", "make_buckets"), "zero:check_bucketed_zero2",
              lambda check, a, n, smoke: check(a["BucketedZeRO2"], a["make_buckets"], world_sizes=_sizes(2, 3)(n),
-                                              bucket_numels=sorted({a.get("BUCKET_NUMEL", 1_000), 5_000}))),
+                                              bucket_numels=sorted({a.get("BUCKET_NUMEL", 1_000), 5_000})),
+             timeout=240),
     )),
     Lab("05_tensor_parallel_lab", "tensor_parallel", (
         Part("VocabParallelCrossEntropy", ("VocabParallelCrossEntropy",),
              "tensor_parallel:check_vocab_parallel_cross_entropy",
-             lambda check, a, n, smoke: check(a["VocabParallelCrossEntropy"], world_sizes=_sizes(2)(n))),
+             lambda check, a, n, smoke: check(a["VocabParallelCrossEntropy"], world_sizes=_sizes(2)(n)), timeout=120),
     )),
     Lab("06_pipeline_lab", "pipeline_schedule", (
         Part("interleaved 1F1B", ("interleaved_one_f_one_b",), "pipeline_schedule:check_interleaved",
-             lambda check, a, n, smoke: check(a["interleaved_one_f_one_b"], world_sizes=_sizes(2)(n))),
+             lambda check, a, n, smoke: check(a["interleaved_one_f_one_b"], world_sizes=_sizes(2)(n)), timeout=180),
     )),
     Lab("09_plan_3d_lab", "plan_3d", (
         Part("choose_plan", ("choose_plan",), "plan_3d:check_choose_plan",
-             lambda check, a, n, smoke: check(a["choose_plan"])),
+             lambda check, a, n, smoke: check(a["choose_plan"]), timeout=60),
         Part("the plan, trained", ("choose_plan",), "plan_3d:check_plan_run",
-             lambda check, a, n, smoke: check(a["choose_plan"], n, steps=1 if smoke else 2)),
+             lambda check, a, n, smoke: check(a["choose_plan"], n, steps=1 if smoke else 2), timeout=360),
     )),
     Lab("11a_collective_hangs_lab", "hang_debugging", tuple(_fix(p) for p in "ABC")),
     Lab("11b_send_and_ddp_hangs_lab", "hang_debugging", tuple(_fix(p) for p in "DEF")),

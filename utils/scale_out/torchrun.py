@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 __all__ = ["ROOT", "SCRIPTS", "init_from_env", "free_port", "free_ports", "torchrun_command", "run_agents", "launch", "run_script",
-           "run_two_agents", "RESULT", "print_result", "parse_result", "parse_losses", "finish", "TorchrunFailed"]
+           "run_two_agents", "RESULT", "print_result", "parse_result", "parse_losses", "finish", "TorchrunFailed", "kill_tree"]
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (utils/scale_out/torchrun.py)
 SCRIPTS = ROOT / "notebooks" / "scripts"
@@ -170,7 +170,7 @@ def run_agents(commands, timeout, env=None, progress=True, until=None):
             show(0.2)
     finally:
         alive = [proc.poll() is None for proc in procs]
-        _kill(procs)
+        kill_tree(procs)
     for reader in readers:
         reader.join(timeout=30)  # the pipe ends when the agent and every worker are gone
     while not shown.empty():
@@ -210,27 +210,31 @@ def _errors(outputs):
     return "The ranks raised:\n" + "\n".join(list(found)[:6]) + "\n" if found else ""
 
 
-def _kill(procs):
-    """Kill each agent and everything under it. torchrun starts each worker in a session of its own
-    (``start_new_session=True``), so killing the agent's process group alone would leave the workers
-    running, holding the agent's stdout open: ``communicate()`` would then wait for them forever."""
+def kill_tree(procs):
+    """Kill each agent (a ``Popen`` started with ``start_new_session=True``) and everything under it.
+
+    torchrun starts each worker in a session of its own, so killing the agent's process group alone would
+    leave the workers running, holding the agent's stdout open: ``communicate()`` would then wait for them
+    forever. An agent that already exited may have left members of its group behind (a child it did not
+    wait for): they are killed too. The workshop's grader (``utils.workshop.grade``) stops answers with it."""
     import psutil
 
     for proc in procs:
+        family = []
         if proc.poll() is None:
             try:
                 family = psutil.Process(proc.pid).children(recursive=True)
             except psutil.NoSuchProcess:
-                family = []
-            for p in family:  # the workers (and theirs), whatever session they are in
-                try:
-                    p.kill()
-                except psutil.NoSuchProcess:
-                    pass
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the agent leads its own group
-            except ProcessLookupError:
                 pass
+        for p in family:  # the workers (and theirs), whatever session they are in
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the agent leads its own group (or led it, and left members)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 RESULT = "RESULT "  # the one line a course script's rank 0 prints at the end: JSON, its losses as float.hex strings

@@ -1,7 +1,9 @@
-"""Teaching the course to a room: one module per job a teacher has before and during a workshop.
+"""Teaching the course to a room: one module per job a teacher has before, during and after a workshop.
 
 ``seats.py`` deals one machine's cores and GPUs out to the learners; ``hub.py`` serves the course to
 them from one JupyterHub (``make hub USERS=N``); ``slurm.py`` is the recipe for a cluster instead;
-``preflight.py`` checks a box the day before (``make preflight``). Import the module you need: none
-is imported here, and ``hub.py`` needs the ``teacher`` extra (JupyterHub).
+``preflight.py`` checks a box the day before (``make preflight``); ``grade.py`` runs every learner's lab
+notebooks through the labs' checkers, each answer in its own process (``make grade SUBMISSIONS=folder``),
+and ``gradebook.py`` writes what it decided. Import the module you need: none is imported here, and
+``hub.py`` needs the ``teacher`` extra (JupyterHub).
 """

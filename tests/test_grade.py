@@ -1,0 +1,146 @@
+"""The workshop's grader (utils/workshop/grade.py): bad submissions are verdicts, never a stopped or hung grader.
+
+The submissions are the labs' own notebooks with their answer cells edited (tests/grade_submissions.py): the
+stub, the reference solution, and answers that break the grader's rules on purpose. Lab 06's check is the
+cheapest (its learner function runs in the grading process; only torch's schedule runs on 2 ranks), so the
+bad answers are lab 06 answers; lab 03's make_buckets part shows a multi-part lab in the flat layout.
+"""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from grade_submissions import notebook_with, reference_notebook, reference_source
+from utils.workshop import grade as grader
+from utils.workshop.gradebook import cell, write_gradebook
+
+ROOT = Path(__file__).resolve().parents[1]
+LAB = "06_pipeline_lab"
+NAME = "interleaved_one_f_one_b"
+SIGNATURE = f"def {NAME}(rank, ranks, microbatches, chunks):\n"
+MEGABYTES = 20  # what the chatty answer prints
+
+BAD = {  # learner -> (the answer cell's new source, or a notebook's raw text), the gradebook cell expected
+    "reference": (None, "pass"),
+    "stub": ("stub", "not written yet"),
+    "not_json": ('{"cells": [ this is not JSON', "does not parse"),
+    "syntax_error": ("def broken(:\n    pass\n", "does not parse"),
+    "missing": ("# I deleted the function\nx = 1\n", f"missing {NAME}"),
+    "never_returns": (SIGNATURE + "    while True:\n        pass\n", "timeout"),
+    "exits": ("import os\n\n" + SIGNATURE + "    os._exit(3)\n", "crash"),
+    "kills_itself": ("import os, signal\n\n" + SIGNATURE + "    os.kill(os.getpid(), signal.SIGKILL)\n", "crash"),
+    "writes_outside": ("import os\n\n" + SIGNATURE + "    for path in ('~/planted-by-grade-test',"
+                       " '../planted-by-grade-test', 'planted-by-grade-test'):\n"
+                       "        open(os.path.expanduser(path), 'w').write('x')\n    return []\n", "no_divisibility_check"),
+    "imports_reference": (f"from labs.solutions.pipeline_schedule import {NAME}\n", "imports_reference"),
+    "prints_megabytes": (SIGNATURE + f"    print('x' * {MEGABYTES << 20}, flush=True)\n    return []\n",
+                         "no_divisibility_check"),
+}
+
+
+def _listing(folder, skip=(".venv", ".git")):
+    """Every file under ``folder`` with its size and mtime (the folders in ``skip`` left out)."""
+    found = {}
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = [d for d in dirnames if d not in skip]
+        for name in filenames:
+            path = Path(dirpath, name)
+            try:
+                stat = path.lstat()
+            except FileNotFoundError:
+                continue
+            found[str(path.relative_to(folder))] = (stat.st_size, stat.st_mtime_ns)
+    return found
+
+
+def _submit(folder, learner, source):
+    path = folder / "submitted" / learner / "lab06" / f"{LAB}.ipynb"
+    path.parent.mkdir(parents=True)
+    if source is not None and source.startswith('{"cells"'):
+        path.write_text(source)
+    elif source == "stub":
+        nbformat.write(notebook_with(LAB), str(path))
+    elif source is None:
+        nbformat.write(reference_notebook(LAB), str(path))
+    else:
+        nbformat.write(notebook_with(LAB, {NAME: source}), str(path))
+
+
+def test_output_is_kept_head_and_tail():
+    import io
+
+    kept = grader._Kept(100)
+    kept.read(io.BufferedReader(io.BytesIO(b"a" * 60 + b"b" * 10_000 + b"c" * 60)))
+    text = kept.text()
+    assert text.startswith("a" * 50) and text.endswith("c" * 50) and "10,020 bytes of output left out" in text
+    assert len(text) < 200
+
+
+def test_cell_names_what_went_wrong_part_by_part():
+    v = lambda verdict, mistake="", part="p": grader.Verdict("l", "lab", part, verdict, mistake)  # noqa: E731
+    assert cell([v("pass"), v("pass")]) == "pass"
+    assert cell([v("mistake", "bucket_order")]) == "bucket_order"
+    assert cell([v("unparsable", part="a"), v("unparsable", part="b")]) == "does not parse"
+    assert cell([v("pass", part="a"), v("not written", part="b")]) == "b: not written yet"
+
+
+def test_finds_both_layouts_and_skips_other_notebooks(tmp_path):
+    for path in ("submitted/ann/lab06/06_pipeline_lab.ipynb", "submitted/ann/03_zero_lab.ipynb",
+                 "submitted/ann/lab06/scratch.ipynb", "submitted/ann/.ipynb_checkpoints/03_zero_lab-checkpoint.ipynb"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("{}")
+    answers, skipped = grader.find_submissions(tmp_path)  # the course folder: its submitted/ is used
+    assert [(a.learner, a.lab, a.feedback) for a in answers] == [
+        ("ann", "03_zero_lab", "03_zero_lab.md"), ("ann", "06_pipeline_lab", "lab06/06_pipeline_lab.md")]
+    assert skipped == ["ann/lab06/scratch.ipynb"]
+    plenty = 64 * 2**30
+    assert grader.default_workers(4, cores=2, memory=plenty) == 2 and grader.default_workers(4, 16, plenty) == 16
+    assert grader.default_workers(4, 16, memory=8 * 2**30) == 4 and grader.default_workers(4, 16, memory=0) == 1
+
+
+@pytest.mark.slow
+def test_bad_submissions_are_verdicts_and_touch_nothing_outside(tmp_path):
+    for learner, (source, _) in BAD.items():
+        _submit(tmp_path, learner, source)
+    flat = tmp_path / "submitted" / "zed" / "03_zero_lab.ipynb"  # the flat layout, a lab of two parts
+    flat.parent.mkdir()
+    nbformat.write(notebook_with("03_zero_lab", {"make_buckets": reference_source("03_zero_lab")}), str(flat))
+    answers, _ = grader.find_submissions(tmp_path / "submitted")
+    home_file = Path.home() / "planted-by-grade-test"
+    assert not home_file.exists()
+    before = _listing(ROOT)
+
+    timeout = 40  # a right lab-06 answer takes ~5 s alone on 2 cores, more under the suite's load
+    zero = [a for a in answers if a.lab == "03_zero_lab"]
+    start = time.perf_counter()
+    verdicts = grader.grade([a for a in answers if a.lab == LAB], world_size=2, workers=2, timeout=timeout)
+    verdicts.append(grader.run_answer(zero[0], 0, world_size=2, timeout=timeout))  # make_buckets only
+    seconds = time.perf_counter() - start
+    paths = write_gradebook(answers, verdicts, tmp_path / "out")
+
+    assert _listing(ROOT) == before, "an answer changed a file of the repository"
+    assert not home_file.exists(), "an answer wrote to the grader's HOME"
+    import tempfile
+    assert not list(Path(tempfile.gettempdir()).glob("grade-*/**/planted-by-grade-test")), "a run's folder was kept"
+    by_learner = {v.learner: v for v in verdicts if v.lab == LAB}
+    got = {learner: cell([by_learner[learner]]) for learner in BAD}
+    assert got == {learner: want for learner, (_, want) in BAD.items()}
+    assert verdicts[-1].verdict == "pass", verdicts[-1]
+    assert by_learner["never_returns"].seconds < timeout + 15  # stopped at its timeout, not waited for
+    assert seconds < 3 * timeout, f"grading took {seconds:.0f} s"
+
+    results = paths[0].parent / "results.json"
+    assert results.stat().st_size < 200_000, "an answer's output went into the gradebook whole"
+    chatty = by_learner["prints_megabytes"].output
+    assert "bytes of output left out" in chatty and len(chatty) <= grader.OUTPUT_LIMIT + 100
+    rows = {row.split(",")[0]: row.split(",") for row in paths[0].read_text().splitlines()}
+    assert rows["learner"] == ["learner", "03_zero_lab", LAB, "labs passed"]
+    assert rows["zed"] == ["zed", "pass", "not submitted", "1/2"]  # its make_buckets part, the one graded here
+    feedback = (tmp_path / "out" / "feedback" / "stub" / "lab06" / f"{LAB}.md").read_text()
+    assert "not written yet" in feedback and "## YOUR CODE" in feedback
+    assert "no_divisibility_check" in paths[1].read_text()
+    print(json.dumps({learner: [v.label, v.seconds] for learner, v in by_learner.items()}, indent=1))

@@ -1,0 +1,317 @@
+"""Grading at scale: every learner's lab notebooks through the labs' own checkers, each answer in a process of its own.
+
+    python -m utils.workshop.grade SUBMISSIONS OUT     # what `make grade SUBMISSIONS=folder` runs
+
+SUBMISSIONS holds one folder per learner, as nbgrader collects them: ``<learner>/<assignment>/<lab>.ipynb``
+(nbgrader's ``submitted/`` folder; a course folder that contains ``submitted/`` works too), or
+``<learner>/<lab>.ipynb``. A lab is a notebook of ``labs/`` (``utils.checkers.labs.LABS``); other notebooks
+are listed and skipped. OUT receives ``gradebook.csv``, ``gradebook.html``, ``results.json`` and
+``feedback/<learner>/[<assignment>/]<lab>.md`` (``utils.workshop.gradebook``).
+
+Each (learner, lab, part) is one *answer*, graded by ``python -m utils.workshop.grade --one ...``: a fresh
+process that reads the notebook's definitions (``answers_from_notebook``) and calls the part's checker the way
+the lab's check cell does (the checker starts its ranks with ``utils.launch.run_ranks``). Why a process per
+answer: a learner's code can hang, ``os._exit``, kill itself, print without end or write files, and none of
+that may reach the grader or another learner. So each answer runs
+
+- in a fresh temporary folder, its working directory, ``HOME`` and ``TMPDIR`` (removed afterwards), with
+  files it writes capped at ``FILE_LIMIT`` bytes each (``RLIMIT_FSIZE``);
+- with a wall-clock timeout (``Part.timeout``, or ``--timeout``), after which the process and everything
+  under it is killed (``utils.scale_out.torchrun.kill_tree``, the course's one way to stop a process tree);
+- with its output read as it comes and only the first and last ``OUTPUT_LIMIT / 2`` bytes kept.
+
+Its verdict is one of ``VERDICTS``. Answers run on a pool of one worker a core (fewer where memory is short,
+``default_workers``): an answer spends most of its time starting Python and importing torch, on one core, and
+a few seconds in its ranks (measured on 2 cores: 70 answers took 805 s on one worker, 496 s on two).
+"""
+
+import argparse
+import ast
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..checkers.labs import LABS
+from ..scale_out.torchrun import ROOT, kill_tree
+
+__all__ = ["VERDICTS", "Answer", "Verdict", "find_submissions", "lab_world_size", "default_workers",
+           "run_answer", "grade", "main"]
+
+VERDICTS = {  # verdict -> what the gradebook says (a "mistake" shows the checker's name for it instead)
+    "pass": "pass",
+    "mistake": "the checker's name for the mistake",
+    "not written": "not written yet",
+    "missing": "missing",          # the notebook does not define a name the part needs
+    "error": "error",              # the learner's code raised outside the checker's ranks
+    "timeout": "timeout",
+    "crash": "crash",              # the grading process died (os._exit, a signal, out of memory)
+    "unparsable": "does not parse",  # not a notebook (invalid JSON), or a code cell with a syntax error
+}
+OUTPUT_LIMIT = 8_000   # bytes of an answer's output kept for its feedback: the first and the last half
+MESSAGE_LIMIT = 4_000  # characters of a checker's message kept (it may quote the learner's exception)
+FILE_LIMIT = 64 << 20  # bytes any one file an answer writes may reach (RLIMIT_FSIZE); beyond: SIGXFSZ, a crash
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One learner's notebook for one lab; ``feedback`` is where its feedback goes, under OUT/feedback/."""
+
+    learner: str
+    lab: str
+    notebook: Path
+    feedback: str
+
+
+@dataclass
+class Verdict:
+    learner: str
+    lab: str
+    part: str
+    verdict: str
+    mistake: str = ""
+    message: str = ""
+    hint: str = ""
+    seconds: float = 0.0
+    output: str = ""
+
+    @property
+    def label(self):
+        """What the gradebook shows: "pass", the checker's mistake, or the verdict in words."""
+        if self.verdict == "missing":
+            return f"missing {self.mistake}"
+        return self.mistake if self.verdict == "mistake" else VERDICTS[self.verdict]
+
+
+def find_submissions(folder):
+    """(answers, skipped): every lab notebook under ``folder`` by learner, and the other notebooks found (not labs,
+    or a learner's second copy of a lab: the first in path order is graded)."""
+    folder = Path(folder)
+    if (folder / "submitted").is_dir():
+        folder = folder / "submitted"
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such folder; give the folder of submissions, one folder per learner "
+                                "(nbgrader's submitted/<learner>/<assignment>/<lab>.ipynb)")
+    answers, skipped = [], []
+    for learner in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        for notebook in sorted(learner.rglob("*.ipynb")):
+            relative = notebook.relative_to(learner)
+            if ".ipynb_checkpoints" in relative.parts or len(relative.parts) > 2:
+                continue
+            if notebook.stem in LABS and (learner.name, notebook.stem) not in {(a.learner, a.lab) for a in answers}:
+                answers.append(Answer(learner.name, notebook.stem, notebook.resolve(),
+                                      str(relative.with_suffix(".md"))))
+            else:
+                skipped.append(str(notebook.relative_to(folder)))
+    return answers, skipped
+
+
+def lab_world_size(lab):
+    """The WORLD_SIZE of the lab's parameters cell in labs/ (read, not run): the size a learner's check used."""
+    import nbformat
+
+    notebook = nbformat.read(str(LABS[lab].path(ROOT)), as_version=4)
+    for cell in notebook.cells:
+        if "parameters" in cell.metadata.get("tags", []):
+            for node in ast.parse(cell.source).body:
+                if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "WORLD_SIZE":
+                    return ast.literal_eval(node.value)
+    raise ValueError(f"labs/{lab}.ipynb: no WORLD_SIZE in its parameters cell; pass --world-size")
+
+
+def default_workers(world_size, cores=None, memory=None):
+    """Answers graded at once: one a core, and at most one per ``(world_size + 1) * 400 MB`` of available memory
+    (the answer's process and its ranks, each a Python with torch: about 300-400 MB resident here), at least one."""
+    import psutil
+
+    cores = cores or len(os.sched_getaffinity(0))
+    memory = memory if memory is not None else psutil.virtual_memory().available
+    return max(1, min(cores, int(memory // ((world_size + 1) * 400 * 2**20))))
+
+
+# --- inside the answer's own process ---------------------------------------------------------------------------
+
+def grade_one(notebook, lab, index, world_size, smoke):
+    """Grade one part in this process: a dict of Verdict's fields (verdict, mistake, message, hint)."""
+    import nbformat
+
+    from ..checkers.common import LabCheckFailed
+    from ..checkers.labs import answers_from_notebook
+
+    part = LABS[lab].parts[index]
+    try:
+        nbformat.read(str(notebook), as_version=4)
+    except Exception as err:  # noqa: BLE001 -- invalid JSON (NotJSONError), not nbformat 4, unreadable
+        return dict(verdict="unparsable", message=f"not a notebook: {type(err).__name__}: {str(err)[:500]}",
+                    hint="open it in Jupyter; if it does not open, save it again and submit that copy.")
+    try:
+        answers = answers_from_notebook(notebook)
+    except SyntaxError as err:
+        return dict(verdict="unparsable", message=str(err), hint="run the notebook from the top; fix the cell named.")
+    except BaseException as err:  # noqa: BLE001 -- an import or a class body of the learner's raised
+        return dict(verdict="error", message=f"reading the notebook's definitions: {type(err).__name__}: {err}",
+                    hint="restart the kernel and run the notebook from the top: the same error shows there.")
+    missing = [name for name in part.needs if name not in answers]
+    if missing:
+        return dict(verdict="missing", mistake=", ".join(missing), message=f"the notebook defines no "
+                    f"{', '.join(missing)}", hint=f"keep the names of the notebook's stubs: {', '.join(part.needs)}")
+    borrowed = [name for name in part.needs if "solutions" in str(getattr(answers[name], "__module__", "")).split(".")]
+    if borrowed:  # `from labs.solutions... import`: the repository is on the path, so the import works
+        return dict(verdict="mistake", mistake="imports_reference", message=f"{', '.join(borrowed)}: imported from "
+                    "the reference solution (labs/solutions/), not written in the notebook",
+                    hint="write your own answer between the ## YOUR CODE markers.")
+    try:
+        result = part.run(answers, world_size, smoke)
+    except LabCheckFailed as err:
+        return dict(verdict="mistake", mistake=err.mistake, message=str(err).removesuffix(f"\nHint: {err.hint}"),
+                    hint=err.hint)
+    except NotImplementedError as err:
+        return dict(verdict="not written", message=str(err), hint="write your code between the ## YOUR CODE markers.")
+    except BaseException as err:  # noqa: BLE001 -- the learner's code, SystemExit included
+        return dict(verdict="error", message=f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=-4)}",
+                    hint="your code raised while the checker called it: read the message, run the check cell.")
+    return dict(verdict="pass", message=str(result))
+
+
+def _one(argv):
+    """``--one NOTEBOOK LAB PART RESULT WORLD_SIZE [--smoke]``: grade one part, write the verdict to RESULT."""
+    import resource
+
+    notebook, lab, index, result, world_size, *smoke = argv
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
+    fields = grade_one(Path(notebook), lab, int(index), int(world_size), smoke == ["--smoke"])
+    fields["message"] = fields["message"][:MESSAGE_LIMIT]
+    Path(result).write_text(json.dumps(fields))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # no teardown of what the answer left running (threads, a rank server): the grader kills it
+
+
+# --- in the grader -----------------------------------------------------------------------------------------------
+
+class _Kept:
+    """A stream read to its end, keeping its first and last ``limit / 2`` bytes and counting the rest."""
+
+    def __init__(self, limit):
+        self.head, self.tail, self.total, self.half = b"", b"", 0, limit // 2
+
+    def read(self, stream):
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            self.total += len(chunk)
+            if len(self.head) < self.half:
+                self.head, chunk = self.head + chunk[:self.half - len(self.head)], chunk[self.half - len(self.head):]
+            self.tail = (self.tail + chunk)[-self.half:]
+
+    def text(self):
+        cut = self.total - len(self.head) - len(self.tail)
+        middle = f"\n[... {cut:,} bytes of output left out ...]\n" if cut > 0 else ""
+        return (self.head + middle.encode() + self.tail).decode(errors="replace")
+
+
+def run_answer(answer, index, world_size, smoke=False, timeout=None):
+    """Grade part ``index`` of ``answer`` in a process of its own (see the module's docstring): a Verdict."""
+    part = LABS[answer.lab].parts[index]
+    timeout = timeout or part.timeout
+    with tempfile.TemporaryDirectory(prefix="grade-", ignore_cleanup_errors=True) as tmp:
+        work, result = Path(tmp, "work"), Path(tmp, "result.json")
+        work.mkdir()
+        env = dict(os.environ, HOME=str(work), TMPDIR=str(work), PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg",
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                   OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        env.pop("MASTER_ADDR", None), env.pop("MASTER_PORT", None)
+        command = [sys.executable, "-m", "utils.workshop.grade", "--one", str(answer.notebook), answer.lab, str(index),
+                   str(result), str(world_size), *(["--smoke"] if smoke else [])]
+        start = time.perf_counter()
+        proc = subprocess.Popen(command, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        kept = _Kept(OUTPUT_LIMIT)
+        reader = threading.Thread(target=kept.read, args=(proc.stdout,), daemon=True)
+        reader.start()
+        try:
+            proc.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            kill_tree([proc])  # also what the answer left behind when its process ended by itself
+        reader.join(timeout=10)
+        proc.wait()
+        proc.stdout.close()
+        seconds = time.perf_counter() - start
+        verdict = Verdict(answer.learner, answer.lab, part.name, "crash", seconds=round(seconds, 1), output=kept.text())
+        if timed_out:
+            verdict.verdict, verdict.message = "timeout", f"still running after {timeout:g} s; stopped"
+            verdict.hint = "your code does not return: look for a loop that never ends, or a wait nobody answers."
+        elif result.exists():
+            for key, value in json.loads(result.read_text()).items():
+                setattr(verdict, key, value)
+        else:
+            code = proc.returncode
+            how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+            verdict.message = f"the grading process ended without a verdict ({how})"
+            verdict.hint = "your code ended the process (os._exit, sys.exit in a rank, a signal): return instead."
+    return verdict
+
+
+def grade(answers, world_size=None, smoke=False, workers=None, timeout=None, log=print):
+    """Every part of every answer, on ``workers`` threads each running one answer's process: a list of Verdicts."""
+    sizes = {a.lab: world_size or lab_world_size(a.lab) for a in answers}
+    workers = workers or default_workers(max(sizes.values(), default=1))
+    jobs = [(a, i) for a in answers for i in range(len(LABS[a.lab].parts))]
+    done, lock = [0], threading.Lock()
+
+    def one(job):
+        answer, index = job
+        verdict = run_answer(answer, index, sizes[answer.lab], smoke, timeout)
+        with lock:
+            done[0] += 1
+            log(f"[{done[0]}/{len(jobs)}] {answer.learner} {answer.lab} {verdict.part}: {verdict.label} "
+                f"({verdict.seconds:.1f} s)")
+        return verdict
+
+    log(f"grading {len(jobs)} answers ({len(answers)} notebooks) on {workers} worker(s)")
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(one, jobs))
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--one"]:  # inside an answer's process (run_answer)
+        return _one(argv[1:])
+    parser = argparse.ArgumentParser(prog="python -m utils.workshop.grade", description=__doc__.split("\n")[0])
+    parser.add_argument("submissions", help="one folder per learner (nbgrader's submitted/)")
+    parser.add_argument("out", help="where the gradebook and the feedback go")
+    parser.add_argument("--world-size", type=int, help="ranks per check (default: each lab's WORLD_SIZE)")
+    parser.add_argument("--workers", type=int, help="answers at once (default: cores // world size, at least 1)")
+    parser.add_argument("--timeout", type=float, help="seconds per answer (default: each part's Part.timeout)")
+    parser.add_argument("--smoke", action="store_true", help="the checkers' SMOKE sizes (fewer steps, sizes)")
+    parser.add_argument("--labs", nargs="+", metavar="LAB", help="grade only these labs (notebook stems)")
+    args = parser.parse_args(argv)
+    from .gradebook import write_gradebook
+
+    try:
+        answers, skipped = find_submissions(args.submissions)
+    except FileNotFoundError as err:
+        parser.error(str(err))
+    if args.labs:
+        unknown = set(args.labs) - set(LABS)
+        if unknown:
+            parser.error(f"--labs {' '.join(sorted(unknown))}: not labs of the course; the labs are {', '.join(LABS)}")
+        answers = [a for a in answers if a.lab in args.labs]
+    if skipped:
+        print(f"not labs of the course, skipped: {', '.join(skipped)}")
+    start = time.perf_counter()
+    verdicts = grade(answers, args.world_size, args.smoke, args.workers, args.timeout)
+    paths = write_gradebook(answers, verdicts, args.out)
+    print(f"graded {len(verdicts)} answers in {time.perf_counter() - start:.0f} s: {', '.join(map(str, paths))}")
+
+
+if __name__ == "__main__":
+    main()
