@@ -164,3 +164,21 @@ browser-test: setup  ## JupyterLab in headless Chromium: lesson 00's %%ranks and
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
 	$(BIN)/python -m pip install --quiet $$($(BIN)/python -c "$$BROWSER_PINS")
 	$(BIN)/python -m pytest tests/browser -v -rs -p no:cacheprovider $(PYTEST_ARGS)
+
+# The course as learners get it, no reference solution anywhere (utils/workshop/student.py): an nbgrader course
+# directory in build/student/, whose release/ is the course to copy to a hub or a repository. Its own extra,
+# [teacher] (nbgrader), is installed first, never by `make setup`; without nbgrader the module clears the same regions.
+define TEACHER_PINS
+import tomllib
+print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["teacher"]))
+endef
+export TEACHER_PINS
+TEACHER_STAMP := $(VENV)/.teacher-stamp
+.PHONY: student
+student: $(TEACHER_STAMP)  ## the student release: build/student/release/ (nbgrader's layout; no labs/solutions, no USE_REFERENCE)
+	$(BIN)/python -m utils.workshop.student --out build/student
+$(TEACHER_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -c "$$TEACHER_PINS" > $(VENV)/teacher-pins.txt
+	$(BIN)/python -m pip install --quiet --requirement $(VENV)/teacher-pins.txt
+	$(BIN)/python -m pip check
+	touch $(TEACHER_STAMP)
