@@ -185,8 +185,8 @@ browser-test: setup  ## JupyterLab in headless Chromium: lesson 00's %%ranks and
 	$(BIN)/python -m pip install --quiet $$($(BIN)/python -c "$$BROWSER_PINS")
 	$(BIN)/python -m pytest tests/browser -v -rs -p no:cacheprovider $(PYTEST_ARGS)
 
-# Teaching a workshop (README): the course served to USERS learners from this machine by JupyterHub, the
-# `teacher` extra of pyproject.toml (never part of `make setup`); a check of the box; the Slurm recipe.
+# Teaching a workshop (README): the `teacher` extra of pyproject.toml (never part of `make setup`); the course served
+# to USERS learners from this machine by JupyterHub; a check of the box; the Slurm recipe; the student release.
 define TEACHER_PINS
 import tomllib
 print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["teacher"]))
@@ -198,12 +198,13 @@ HUB_PORT ?= 8000
 HUB_ARGS ?=
 SLURM_ARGS ?= --learners alice,bob --account dl-course --start 2026-12-01T09:00:00
 
-.PHONY: teacher hub test-hub preflight slurm-recipe
-teacher: $(TEACHER_STAMP)  ## the [teacher] extra (JupyterHub and its proxy, in Python) into .venv
+.PHONY: teacher hub test-hub preflight slurm-recipe student
+teacher: $(TEACHER_STAMP)  ## the [teacher] extra (JupyterHub and its proxy in Python, nbgrader) into .venv
 
 $(TEACHER_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/python -c "$$TEACHER_PINS" > $(VENV)/teacher-pins.txt
 	$(BIN)/python -m pip install --quiet --requirement $(VENV)/teacher-pins.txt
+	$(BIN)/python -m pip check
 	touch $(TEACHER_STAMP)
 
 hub: teacher  ## JupyterHub serving the course to USERS=N learners (learner1..N) on HUB_PORT; HUB_PASSWORD sets the password; HUB_ARGS="--hub-port P --proxy-api-port Q"
@@ -217,3 +218,8 @@ preflight: setup  ## check this box before a workshop for USERS learners: a verd
 
 slurm-recipe: setup  ## the Slurm recipe (reservation, one JupyterLab job per learner, SSH tunnel); SLURM_ARGS
 	$(BIN)/python -m utils.workshop.slurm $(SLURM_ARGS)
+
+# The course as learners get it, no reference solution anywhere (utils/workshop/student.py): an nbgrader course
+# directory in build/student/, whose release/ is the course to copy to a hub or a repository.
+student: teacher  ## the student release: build/student/release/ (nbgrader's layout; no labs/solutions, no USE_REFERENCE)
+	$(BIN)/python -m utils.workshop.student --out build/student

@@ -188,12 +188,17 @@ def test_ddp_rejects(wrong, world_sizes, mistake, phrase):
 
 
 def test_the_two_bucket_rules_differ_only_at_the_cap():
-    """utils.data_parallel.buckets: torch DDP closes a bucket once it reaches the cap, DeepSpeed before it would pass."""
+    """utils.data_parallel.buckets: torch DDP closes a bucket once it reaches the cap; DeepSpeed's rule (lab 03's task,
+    so no code in utils) closes it before it would pass: its judge accepts DeepSpeed's buckets and refuses DDP's."""
+    from utils.checkers.zero_buckets import judge_buckets
     from utils.data_parallel.buckets import reverse_buckets
 
     sizes = [3, 7, 2, 9, 1, 4]  # taken last first: 4, 1, 9, 2, 7, 3
     assert reverse_buckets(sizes, 10, "ddp") == [[5, 4, 3], [2, 1, 0]]  # 4 + 1 + 9 = 14 >= 10; 2 + 7 + 3 = 12
-    assert reverse_buckets(sizes, 10, "deepspeed") == [[5, 4], [3], [2, 1], [0]]  # 5 + 9 > 10 flushes first
-    assert reverse_buckets(sizes, 100, "ddp") == reverse_buckets(sizes, 100, "deepspeed") == [[5, 4, 3, 2, 1, 0]]
-    with pytest.raises(ValueError, match="torch DDP's or DeepSpeed's"):
-        reverse_buckets(sizes, 10, "fsdp")
+    judge_buckets(sizes, [[5, 4], [3], [2, 1], [0]], 10, "DeepSpeed's")  # 5 + 9 > 10 flushes first
+    expect_rejection(judge_buckets, sizes, [[5, 4, 3], [2, 1, 0]], 10, "DDP's", mistake="bucket_overflow")
+    expect_rejection(judge_buckets, sizes, [[5], [4], [3], [2, 1], [0]], 10, "too early", mistake="bucket_size")
+    assert reverse_buckets(sizes, 100) == [[5, 4, 3, 2, 1, 0]]
+    judge_buckets(sizes, [[5, 4, 3, 2, 1, 0]], 100, "one bucket")
+    with pytest.raises(ValueError, match="torch DDP's"):
+        reverse_buckets(sizes, 10, "deepspeed")

@@ -20,8 +20,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from lab_grading import expect_rejection
 from notebook_runner import ROOT
 from utils import rank_device
-from utils.checkers.hang_debugging import (BUG_KINDS, LABS, PROGRAMS, check_diagnosis, check_fix, make_data,
-                                           references)
+from utils.checkers.hang_debugging import (BUG_KINDS, LABS, PLANTED, PROGRAMS, check_diagnosis, check_fix, make_data,
+                                           planted_digest, references)
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
 from solutions import hang_debugging as reference  # noqa: E402
@@ -150,8 +150,22 @@ def test_every_usual_fix_of_uneven_data_passes(fix):
 
 def test_two_programs_share_a_kind_and_one_kind_is_a_decoy():
     """Naming the kinds by elimination must not work: a kind used twice, one used by no program."""
-    assert PROGRAMS == reference.DIAGNOSES and set(PROGRAMS.values()) < set(BUG_KINDS)
-    assert len(set(PROGRAMS.values())) == len(BUG_KINDS) - 1 == len(PROGRAMS) - 1
+    assert sorted(PROGRAMS) == sorted(reference.DIAGNOSES) and set(reference.DIAGNOSES.values()) < set(BUG_KINDS)
+    assert len(set(reference.DIAGNOSES.values())) == len(BUG_KINDS) - 1 == len(PROGRAMS) - 1
+
+
+def test_the_checker_holds_the_diagnoses_as_digests_only():
+    """The checker ships to learners: it knows the planted kinds by digest, which match the reference's, and its
+    source names no program's kind in words."""
+    assert PLANTED == {p: planted_digest(p, kind) for p, kind in reference.DIAGNOSES.items()}
+    for program in PROGRAMS:
+        right = reference.DIAGNOSES[program]
+        check_diagnosis(program, right)
+        for kind in set(BUG_KINDS) - {right}:
+            expect_rejection(check_diagnosis, program, kind, mistake="wrong_diagnosis")
+    source = (ROOT / "utils" / "checkers" / "hang_debugging.py").read_text()
+    for program, kind in reference.DIAGNOSES.items():
+        assert f'"{program}": "{kind}"' not in source and f"'{program}': '{kind}'" not in source
 
 
 def lab_code(lab):
@@ -169,7 +183,7 @@ def test_each_lab_shows_and_grades_its_own_three_programs(lab):
         shown = f"def program_{program}(" in code and f"def fixed_{program}(" in code
         graded = f'"{program}": (diagnosis_{program}, fixed_{program})' in code
         assert shown == graded == (program in LABS[lab]), (lab, program, shown, graded)
-    assert len(BUG_KINDS) - len({PROGRAMS[p] for p in LABS[lab]}) >= 3
+    assert len(BUG_KINDS) - len({reference.DIAGNOSES[p] for p in LABS[lab]}) >= 3
     assert "BUG_KINDS" in code and "DIAGNOSES[k] for k in" in code
 
 
@@ -199,7 +213,7 @@ def test_a_fix_that_still_hangs_is_stopped_and_rejected():
 ], ids=["collective deleted", "every rank computes everything", "only a barrier", "DDP removed",
         "a leftover collective", "only rank 0 holds the input"])
 def test_a_fix_without_communication_is_rejected(program, fix, phrase):
-    expect_rejection(check_fix, program, PROGRAMS[program], fix, world_sizes=(2,), mistake="no_communication",
+    expect_rejection(check_fix, program, reference.DIAGNOSES[program], fix, world_sizes=(2,), mistake="no_communication",
                      phrase=phrase)
 
 
@@ -209,7 +223,7 @@ def test_a_fix_without_communication_is_rejected(program, fix, phrase):
     ("F", one_step_only),
 ], ids=["mean over ranks", "local counts", "work skipped"])
 def test_a_fix_with_wrong_numbers_is_rejected(program, fix):
-    rejected = expect_rejection(check_fix, program, PROGRAMS[program], fix, world_sizes=(3,), mistake="wrong_result",
+    rejected = expect_rejection(check_fix, program, reference.DIAGNOSES[program], fix, world_sizes=(3,), mistake="wrong_result",
                                 phrase="one process computes")
     assert rejected.world_size == 3
 

@@ -94,6 +94,15 @@ def forgets_last_backward(rank, ranks, microbatches, chunks):
     return interleaved_one_f_one_b(rank, ranks, microbatches, chunks)[:-1]
 
 
+def asks_torch(rank, ranks, microbatches, chunks):
+    """The order torch computes, through the checker that ships with the lab: right, and not the learner's."""
+    from utils.checkers import pipeline_schedule
+
+    if microbatches % ranks:
+        raise ValueError(f"{microbatches} micro-batches on {ranks} ranks")
+    return pipeline_schedule._torch_rank_orders(ranks, microbatches, chunks)[rank]
+
+
 @pytest.mark.parametrize("wrong, mistake, phrase", [
     (all_forwards_first, "all_forwards_first", "interleaved GPipe"),
     (one_forward_too_many, "too_many_in_flight", "longer than Megatron's"),
@@ -107,6 +116,7 @@ def forgets_last_backward(rank, ranks, microbatches, chunks):
     (no_check, "no_divisibility_check", "raise ValueError at once"),
     (one_f_one_b_format, "not_ops", "(kind, mb, chunk)"),
     (forgets_last_backward, "missing_ops", "exactly once"),
+    (asks_torch, "used_torch", "write the order yourself"),
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_rejects(wrong, mistake, phrase):
     expect_rejection(check_interleaved, wrong, world_sizes=(2,), mistake=mistake, phrase=phrase)

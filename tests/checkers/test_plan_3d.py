@@ -79,6 +79,10 @@ def calls_best_plans(model, cluster, n_gpus, global_batch, precision, cap):
                       precision=precision)[0][1]
 
 
+def calls_the_checkers_search(model, cluster, n_gpus, global_batch, precision, cap):
+    return plan_3d.optimum(model, cluster, n_gpus, global_batch, precision, cap)[1]  # the judge's own search, shipped
+
+
 def one_big_microbatch(model, cluster, n_gpus, global_batch, precision, cap):
     """The largest micro-batch 'to fill the GPU' in a pipeline: on the batch of 24, m = 24 / (2 * 4) = 3 < p = 4."""
     if global_batch == 24:
@@ -117,6 +121,7 @@ def own_bug(model, cluster, n_gpus, global_batch, precision, cap):
     (uncaught, "divisibility", "try/except ValueError"),
     (ignores_cap, "over_cap", "memory.total <= memory_cap"),
     (calls_best_plans, "used_best_plans", "write the search yourself"),
+    (calls_the_checkers_search, "used_best_plans", "the checker's own search"),
     (one_big_microbatch, "pipeline_starved", "m >= p"),
     (tp_everywhere, "tp_across_nodes", "inside a node"),
     (one_node, "mesh_size", "dp * tp * pp must equal n_gpus"),

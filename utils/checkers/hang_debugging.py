@@ -17,6 +17,8 @@ program on two counts:
   data (``torch.testing.assert_close``; the uneven-data program accepts each of the three usual fixes).
 """
 
+import hashlib
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -34,7 +36,12 @@ BUG_KINDS = {
 }
 # Two programs share a kind and one kind is planted in none: naming the kinds by elimination does not work. Each lab
 # offers all six kinds for its three programs, so there too three kinds fit none of them.
-PROGRAMS = {"A": "skipped", "B": "shape", "C": "order", "D": "unmatched_send", "E": "wrong_device", "F": "skipped"}
+PROGRAMS = ("A", "B", "C", "D", "E", "F")
+# The kind planted in each program, kept as a digest (``planted_digest``), not in words: the checker ships to learners,
+# and reading it must not give the diagnosis away (reading the report must). The plain words are in the
+# teachers' reference answers; tests/test_hang_lab.py checks that these digests are theirs.
+PLANTED = {"A": "4073f20082575466", "B": "fea8020df85f3aff", "C": "df8cf1c5659c202e", "D": "a020a9bef89f7f20",
+           "E": "a2f45263e6cca617", "F": "3d93e9461c7c809b"}
 LABS = {"11a": ("A", "B", "C"), "11b": ("D", "E", "F")}  # which lab shows (and grades) which programs
 SYNC_ONLY = ("barrier", "monitored_barrier")  # calls that move no data: not evidence that the ranks communicate
 DDP_PROGRAMS = ("E", "F")  # their communication happens inside torch's DDP, in C++
@@ -204,6 +211,11 @@ def _on_rank(fn, data, ddp, per_rank=False):
 
 # ------------------------------------------------------------------ in the kernel
 
+def planted_digest(program, kind):
+    """The digest ``PLANTED`` holds when ``kind`` is the bug planted in ``program``: 16 hex digits of a SHA-256."""
+    return hashlib.sha256(f"hang-lab:{program}:{kind}".encode()).hexdigest()[:16]
+
+
 def check_diagnosis(program, diagnosis):
     """Is ``diagnosis`` (one of ``BUG_KINDS``) the bug planted in ``program``? Raises ``LabCheckFailed`` if not."""
     __tracebackhide__ = True
@@ -214,7 +226,7 @@ def check_diagnosis(program, diagnosis):
                                   "(read its report above first), then run this cell again.")
     if diagnosis not in BUG_KINDS:
         fail(HINTS, "not_a_kind", f"program {program}: {diagnosis!r} is not one of the bug kinds.")
-    if diagnosis != PROGRAMS[program]:
+    if planted_digest(program, diagnosis) != PLANTED[program]:
         raise LabCheckFailed("wrong_diagnosis", f"program {program}: not {diagnosis!r} ({BUG_KINDS[diagnosis]}).",
                              CLUES[program])
 

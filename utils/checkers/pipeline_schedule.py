@@ -7,7 +7,8 @@ the ops rank ``rank`` runs, in order, rank r holding the virtual stages r, r + p
 (the conventions of ``utils.pipeline``). Same conventions as ``utils.checkers.common``: a
 ``CheckResult`` on success, else ``LabCheckFailed`` with ``.mistake`` and ``.hint``.
 
-It checks the *schedule*, not only that it computes: a correct but wrong schedule (interleaved
+It checks the *schedule*, not only that it computes (and refuses an order that torch's schedules or this
+checker computed for the learner's function, ``used_torch``): a correct but wrong schedule (interleaved
 GPipe, too little warm-up) gives the right gradients and is rejected by what it costs. In order:
 
 1. **arguments**: m not a multiple of p raises ``ValueError`` naming the numbers, at once;
@@ -23,6 +24,8 @@ GPipe, too little warm-up) gives the right gradients and is rejected by what it 
    ``ScheduleInterleaved1F1B._calculate_single_rank_operations`` computes, op for op (called in this
    process); on p launched ranks, the one a real ``ScheduleInterleaved1F1B`` builds.
 """
+
+import sys
 
 import torch.distributed as dist
 from torch import nn
@@ -63,7 +66,10 @@ PIPELINE_HINTS = {
                     "micro-batches and chunks are visited in another order; the op named below is the first "
                     "that differs.",
     "deadlock_torch": "the ranks never finished building torch's schedule: a crash or hang outside your function.",
+    "used_torch": "write the order yourself: the lab is the order. torch's ScheduleInterleaved1F1B (and this checker, "
+                  "which asks it) computes it for you; utils.pipeline's simulate and peak_in_flight may help you check.",
 }
+TORCH_SCHEDULES = "torch/distributed/pipelining/schedules.py"  # where torch computes the order the lab asks for
 
 
 def _bound(rank, p, m, v):
@@ -72,13 +78,34 @@ def _bound(rank, p, m, v):
     return min(total, (p - rank - 1) * 2 + (v - 1) * p + 1)
 
 
+def _own(fn, *args):
+    """``fn(*args)``, refused when it let torch's schedules, or this checker, compute the order (a profile hook)."""
+    __tracebackhide__ = True
+    seen = []
+
+    def watch(frame, event, arg):
+        where = frame.f_code.co_filename.replace("\\", "/")
+        if event == "call" and (where == __file__ or where.endswith(TORCH_SCHEDULES)) and not seen:
+            seen.append(f"{frame.f_code.co_name} ({where.rsplit('/', 1)[-1]})")
+
+    old = sys.getprofile()
+    sys.setprofile(watch)
+    try:
+        ops = fn(*args)
+    finally:
+        sys.setprofile(old)
+    if seen:
+        fail(PIPELINE_HINTS, "used_torch", f"fn{args} called {seen[0]}: the order came from torch, not from you.")
+    return ops
+
+
 def _orders(fn, p, m, v):
     """The learner's op lists for every rank, checked for form (not_ops / missing_ops)."""
     __tracebackhide__ = True
     orders = []
     want = sorted((kind, mb, c) for kind in "FB" for mb in range(m) for c in range(v))
     for r in range(p):
-        ops = fn(r, p, m, v)
+        ops = _own(fn, r, p, m, v)
         label = f"p={p}, m={m}, v={v}, rank {r}: your ops are {ops}"
         if not isinstance(ops, list | tuple) or not all(
                 isinstance(op, tuple) and len(op) == 3 and op[0] in ("F", "B")

@@ -4,7 +4,7 @@ fastest, and does its mesh train the tiny Llama of lesson 09 exactly like one pr
 ``check_choose_plan(choose_plan)`` calls the learner's search on jobs (model, cluster, GPUs, batch, precision,
 memory cap per rank) and compares each answer with the checker's own enumeration of the lab's space (``lab_plans``,
 not ``utils.planner.best_plans``: a judge must not share the search it judges; a profile hook refuses a learner's
-call to it). A slower answer is diagnosed by the knobs that, held at its values, leave no faster plan; an answer
+call to either search). A slower answer is diagnosed by the knobs that, held at its values, leave no faster plan; an answer
 faster than the checker's optimum means the checker or the planner is wrong, and says so. ``check_plan_run``
 trains the plan's mesh on CPU ranks with ``utils.mesh.parallelize3d.train`` (lesson 09's step), honouring the plan's
 schedule and checkpointing, and refuses a plan with a knob that step cannot run (``unrunnable``).
@@ -115,11 +115,15 @@ def _knobs(plan):
 def call_choose_plan(choose_plan, job, args):
     """choose_plan(*args), any exception turned into a named mistake; a call to best_plans refused."""
     __tracebackhide__ = True
-    target, seen = planner.best_plans.__code__, []
+    # the planner's search and the checker's own (which ships to learners too): a search the lab asks you to write
+    targets = {planner.best_plans.__code__: "utils.planner.best_plans",
+               lab_plans.__code__: "the checker's own search (utils.checkers.plan_3d.lab_plans)",
+               optimum.__code__: "the checker's own search (utils.checkers.plan_3d.optimum)"}
+    seen = []
 
     def watch(frame, event, arg):
-        if event == "call" and frame.f_code is target:
-            seen.append(True)
+        if event == "call" and frame.f_code in targets:
+            seen.append(targets[frame.f_code])
 
     old = sys.getprofile()
     sys.setprofile(watch)
@@ -139,7 +143,7 @@ def call_choose_plan(choose_plan, job, args):
     finally:
         sys.setprofile(old)
     if seen:
-        fail(HINTS, "used_best_plans", f"{job}: choose_plan called utils.planner.best_plans")
+        fail(HINTS, "used_best_plans", f"{job}: choose_plan called {seen[0]}")
     return plan
 
 

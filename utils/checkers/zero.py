@@ -38,7 +38,7 @@ from ..launch import rank_device
 from ..comm.ledger import CommLedger
 from ..models import ToyNet
 from .common import GRAD_TOL, WEIGHT_TOL, CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error
-from .zero_buckets import BUCKET_HINTS, check_make_buckets, expected_buckets  # noqa: F401  (lab 03 imports both here)
+from .zero_buckets import BUCKET_HINTS, bucket_indices, check_make_buckets, judge_buckets  # lab 03: check_make_buckets
 from .zero_memory import HELD_HINT, added_bytes, held_tensors, judge_memory
 
 CHECK_LR = 3e-3  # not utils.sharding.adam.LR nor adam_update's default: an lr that is ignored shows
@@ -279,7 +279,8 @@ def check_bucketed_zero2(cls, make_buckets, world_sizes=(2, 3), bucket_numels=(1
         for bucket_numel in bucket_numels:
             case = ranks[0][bucket_numel]
             sizes = case["sizes"]
-            buckets = expected_buckets(sizes, bucket_numel)
+            buckets = bucket_indices(make_buckets, [torch.zeros(k) for k in sizes], bucket_numel)  # yours, judged:
+            judge_buckets(sizes, buckets, bucket_numel, f"ToyNet, bucket_numel={bucket_numel:,}")  # never recomputed
             chunks = [-(-sum(sizes[i] for i in b) // n) for b in buckets]
             label = f"bucket_numel={bucket_numel:,}"
             for r in ranks:

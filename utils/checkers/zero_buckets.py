@@ -1,12 +1,16 @@
 """Lab 03's first task, checked: ``make_buckets(params, bucket_numel)``, DeepSpeed's bucket rule.
 
-``utils.checkers.zero`` (the lab's checker) re-exports ``check_make_buckets``; its ZeRO-2 check uses the same
-``expected_buckets`` to know which reduce-scatters to expect.
+``utils.checkers.zero`` (the lab's checker) re-exports ``check_make_buckets``; its ZeRO-2 check judges the learner's
+own buckets with ``judge_buckets`` and expects one reduce-scatter per bucket. The checker ships to learners, so it
+never computes the buckets itself (that would be the answer to this task, one import away): it checks the four
+properties that make DeepSpeed's buckets the only right ones. Taken last parameter first, the buckets (1) hold
+every parameter once, (2) in reverse order; (3) none holds more than ``bucket_numel`` numbers unless it is one
+parameter alone; (4) none was closed while the next parameter still fitted. (3) says a bucket ends no later than
+DeepSpeed's, (4) no earlier, so from the first bucket on they are DeepSpeed's, bucket for bucket.
 """
 
 import torch
 
-from ..data_parallel.buckets import reverse_buckets
 from ..models import ToyNet
 from .common import CheckResult, fail
 
@@ -14,19 +18,41 @@ BUCKET_HINTS = {
     "bucket_order": "backward produces gradients from the last layer to the first: fill the buckets from "
                     "reversed(params), so the first bucket is complete first.",
     "lost_params": "every parameter must be in exactly one bucket: add each p of reversed(params) once.",
-    "bucket_overflow": "close the bucket *before* adding a parameter that would take it past bucket_numel "
-                       "(if current and size + p.numel() > bucket_numel), as DeepSpeed does; only a parameter "
-                       "larger than bucket_numel on its own may exceed it.",
+    "bucket_overflow": "close the bucket *before* adding a parameter that would take it past bucket_numel, as "
+                       "DeepSpeed does; only a parameter larger than bucket_numel on its own may exceed it.",
     "bucket_size": "one reduce-scatter per bucket of make_buckets(params, bucket_numel), with the bucket_numel you "
                    "are given: close a bucket only when the next parameter would overflow it, never one bucket for "
                    "everything nor one per parameter.",
 }
 
 
-def expected_buckets(sizes, bucket_numel):
-    """DeepSpeed's buckets over parameters of ``sizes`` (numbers each): lists of indices, reduce order
-    (``utils.data_parallel.buckets``, DeepSpeed's rule)."""
-    return reverse_buckets(sizes, bucket_numel, "deepspeed")
+def judge_buckets(sizes, buckets, bucket_numel, label):
+    """Raise ``LabCheckFailed`` for the first property that ``buckets`` (lists of parameter indices, -1 for a tensor
+    that is not one of the parameters) breaks, over parameters of ``sizes`` numbers each."""
+    __tracebackhide__ = True
+    numbers = [sum(sizes[i] for i in b if i >= 0) for b in buckets]
+    what = f"{label}: your buckets hold parameters {buckets} (numbers {numbers}; parameters of {sizes} numbers)"
+    flat = [i for b in buckets for i in b]
+    if sorted(flat) != list(range(len(sizes))):
+        fail(BUCKET_HINTS, "lost_params", what, None)
+    if flat != list(reversed(range(len(sizes)))):
+        fail(BUCKET_HINTS, "bucket_order", what, None)
+    for b, total in zip(buckets, numbers):
+        if len(b) > 1 and total > bucket_numel:
+            fail(BUCKET_HINTS, "bucket_overflow", f"{what}: bucket {b} holds {total:,} > {bucket_numel:,}", None)
+    for k, (b, total) in enumerate(zip(buckets, numbers)):
+        if not b:
+            fail(BUCKET_HINTS, "bucket_size", f"{what}: bucket {k} is empty", None)
+        if k + 1 < len(buckets) and buckets[k + 1] and total + sizes[buckets[k + 1][0]] <= bucket_numel:
+            fail(BUCKET_HINTS, "bucket_size", f"{what}: bucket {k} was closed at {total:,} numbers, yet the next "
+                                              f"parameter ({sizes[buckets[k + 1][0]]:,}) fitted under {bucket_numel:,}",
+                 None)
+
+
+def bucket_indices(make_buckets, params, bucket_numel):
+    """``make_buckets(params, bucket_numel)`` as lists of indices into ``params`` (-1: a tensor not among them)."""
+    index = {id(p): i for i, p in enumerate(params)}
+    return [[index.get(id(p), -1) for p in bucket] for bucket in make_buckets(params, bucket_numel)]
 
 
 def check_make_buckets(fn, cases=((1000, 10), (1000, 1000), (5000, 100), (1, 1))):
@@ -38,22 +64,9 @@ def check_make_buckets(fn, cases=((1000, 10), (1000, 1000), (5000, 100), (1, 1))
     for params, label in ((toy, "ToyNet"), (small, "sizes [3, 7, 2, 9, 1, 4]")):
         sizes = [p.numel() for p in params]
         for bucket_numel in sorted({c[0] if params is toy else c[1] for c in cases}):
-            got = fn(params, bucket_numel)
-            index = {id(p): i for i, p in enumerate(params)}
-            got_ix = [[index.get(id(p), -1) for p in bucket] for bucket in got]
-            want = expected_buckets(sizes, bucket_numel)
-            what = (f"{label}, bucket_numel={bucket_numel:,}: your buckets hold parameters {got_ix} (numbers "
-                    f"{[sum(sizes[i] for i in b if i >= 0) for b in got_ix]}); expected {want}")
-            flat = [i for b in got_ix for i in b]
-            if sorted(flat) != list(range(len(params))):
-                fail(BUCKET_HINTS, "lost_params", what, None)
-            if flat != list(reversed(range(len(params)))):
-                fail(BUCKET_HINTS, "bucket_order", what, None)
-            if any(len(b) > 1 and sum(sizes[i] for i in b) > bucket_numel for b in got_ix):
-                fail(BUCKET_HINTS, "bucket_overflow", what, None)
-            if got_ix != want:
-                fail(BUCKET_HINTS, "bucket_size", what, None)
+            got = bucket_indices(fn, params, bucket_numel)
+            judge_buckets(sizes, got, bucket_numel, f"{label}, bucket_numel={bucket_numel:,}")
             if params is toy:
-                lines.append(f"ToyNet, bucket_numel={bucket_numel:,}: {len(want)} buckets of "
-                             f"{[sum(sizes[i] for i in b) for b in want]} numbers")
+                lines.append(f"ToyNet, bucket_numel={bucket_numel:,}: {len(got)} buckets of "
+                             f"{[sum(sizes[i] for i in b) for b in got]} numbers")
     return CheckResult("make_buckets", lines)
