@@ -1,4 +1,5 @@
-"""What every lab test does with a planted wrong answer: expect the checker to reject it, for the right reason.
+"""What every lab test does with a planted wrong answer: expect the checker to reject it, for the right reason;
+and the reference solution's answers of a lab, by its names (``reference_answers``).
 
     rejected = expect_rejection(check_ddp, broadcast, average, world_sizes=(2,), mistake="not_divided",
                                 phrase="divide by")
@@ -7,6 +8,10 @@ The checker must raise ``LabCheckFailed`` whose ``.mistake`` is ``mistake`` (the
 recognised) and whose message contains ``phrase`` (typically words of the hint, so the learner is told
 what to fix). Returns the exception, for tests that look further.
 """
+
+import importlib
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -21,3 +26,17 @@ def expect_rejection(check, *args, mistake, phrase=None, **kwargs):
     if phrase is not None:
         assert phrase in str(failure.value), f"expected {phrase!r} in: {failure.value}"
     return failure.value
+
+
+def reference_answers(lab, root):
+    """The reference solution's answers for ``lab`` (a utils.checkers.labs.Lab; labs/solutions/<lab.solution>.py),
+    by the lab's names. Here, not in utils: the checkers ship to learners, the solutions do not."""
+    labs_folder = str(Path(root).resolve() / "labs")
+    if labs_folder not in sys.path:
+        sys.path.insert(0, labs_folder)
+    module = importlib.import_module(f"solutions.{lab.solution}")
+    answers = {name: getattr(module, name) for name in lab.answers if hasattr(module, name)}
+    for name in lab.answers:  # diagnosis_A ... live in the solution's DIAGNOSES table
+        if name.startswith("diagnosis_"):
+            answers[name] = module.DIAGNOSES[name.removeprefix("diagnosis_")]
+    return answers

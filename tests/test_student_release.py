@@ -76,7 +76,8 @@ def test_the_readme_commands_work_there(built):
     assert "make lab " in quick and "make test " in quick and "make test` runs every lesson" in quick
     named = {w for cmd in re.findall(r"`make ([^`]*)`", readme) for w in cmd.split() if "=" not in w}
     assert named <= have, f"the release's README names make targets its Makefile lacks: {sorted(named - have)}"
-    assert "For teachers" not in readme and "## For teachers" in (ROOT / "README.md").read_text()
+    assert "Teaching a workshop" not in readme and "## Teaching a workshop" in (ROOT / "README.md").read_text()
+    assert "TEACHING.md" not in readme and "make student" not in readme
     dry = subprocess.run(["make", "-n", "lab", "test"], cwd=release, capture_output=True, text=True, timeout=60)
     assert dry.returncode == 0 and "pytest" in dry.stdout and "jupyter lab" in dry.stdout, dry.stderr
 

@@ -13,7 +13,7 @@ workshop's grader runs each learner's answers through it.
 ``answers_from_notebook`` runs no cell: it keeps, from every code cell, the imports, the function
 and class definitions and the assignments of plain values (the parameters, ``diagnosis_A = "order"``),
 and executes only those, so a notebook's training loops, plots and rank launches are left out, and
-so is its ``if USE_REFERENCE:`` import of the reference solution.
+so is the cell that imports the reference solution for the tests.
 """
 
 import ast
@@ -21,7 +21,7 @@ import dataclasses
 import importlib
 from pathlib import Path
 
-__all__ = ["Part", "Lab", "LABS", "answers_from_notebook", "reference_answers", "lab_of"]
+__all__ = ["Part", "Lab", "LABS", "answers_from_notebook", "lab_of"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +55,8 @@ class Part:
 
 @dataclasses.dataclass(frozen=True)
 class Lab:
-    """A lab: ``name`` is the notebook's stem (labs/<name>.ipynb); ``solution`` its module in labs/solutions/."""
+    """A lab: ``name`` is the notebook's stem (labs/<name>.ipynb); ``solution`` names its checker's module, its tests
+    and its reference solution's module (which the tests have; a student release does not)."""
 
     name: str
     solution: str
@@ -177,18 +178,3 @@ def answers_from_notebook(path, namespace=None):
         module = ast.Module(body=list(_kept(tree)), type_ignores=[])
         exec(compile(module, f"{Path(path).name}, cell {index}", "exec"), namespace)
     return namespace
-
-
-def reference_answers(lab, root="."):
-    """The reference solution's answers for ``lab`` (labs/solutions/<lab.solution>.py), by the lab's names."""
-    import sys
-
-    labs_folder = str(Path(root).resolve() / "labs")
-    if labs_folder not in sys.path:
-        sys.path.insert(0, labs_folder)
-    module = importlib.import_module(f"solutions.{lab.solution}")
-    answers = {name: getattr(module, name) for name in lab.answers if hasattr(module, name)}
-    for name in lab.answers:  # diagnosis_A ... live in the solution's DIAGNOSES table
-        if name.startswith("diagnosis_"):
-            answers[name] = module.DIAGNOSES[name.removeprefix("diagnosis_")]
-    return answers

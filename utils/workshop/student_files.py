@@ -67,7 +67,7 @@ def _blocks(markdown):
 
 RELEASE_NOTE = ("In this copy of the course `make test` runs every lesson with small parameters and opens every "
                 "lab as you get it, stubs unwritten, checking that its checker answers \"not written yet\".")
-TEACHER_WORDS = rf"{FLAG}|{SOLUTIONS}/|reference solution"
+TEACHER_WORDS = rf"{FLAG}|{SOLUTIONS}/|reference solution|TEACHING\.md"
 
 
 def _make_targets(block):
@@ -75,7 +75,7 @@ def _make_targets(block):
     return {w for cmd in re.findall(r"`make ([^`]*)`", block) for w in cmd.split() if "=" not in w}
 
 
-def release_readme(text, targets, drop_sections=("For teachers",)):
+def release_readme(text, targets, drop_sections=("Teaching a workshop", "For teachers")):
     """A README for learners: sentences about reference solutions removed, blocks naming a ``make`` target the
     release does not have removed, and the teachers' sections left out; RELEASE_NOTE after the first code block."""
     out, skipping, noted = [], False, False
