@@ -24,8 +24,10 @@ from utils.checkers.labs import LABS  # noqa: E402
 
 # One wrong answer per lab, short and plainly wrong; which mistake the checker names is its own business.
 PLANTED = {
-    "01_halving_doubling_lab": "import torch.distributed as dist\n\n"
-                               "def halving_doubling_all_reduce(tensor):\n    dist.all_reduce(tensor)\n",
+    "01a_halving_reduce_scatter_lab": "import torch.distributed as dist\n\n"
+                                      "def halving_reduce_scatter(tensor):\n    dist.all_reduce(tensor)\n",
+    "01b_doubling_all_gather_lab": "import torch.distributed as dist\n\n"
+                                   "def doubling_all_gather(tensor, ranks):\n    dist.all_reduce(tensor)\n",
     "02_ddp_lab": "class BucketedDDP:\n    def __init__(self, model, bucket_cap_bytes=1 << 20):\n"
                   "        self.model = model\n\n    def finish(self):\n        pass\n",
     "03_zero_lab": "def make_buckets(params, bucket_numel):\n    return [[p] for p in params]\n",
