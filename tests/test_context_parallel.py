@@ -35,7 +35,7 @@ def _one_process(causal):
 
 def _on_rank(method, layout, causal):
     rank, n = dist.get_rank(), dist.get_world_size()
-    q, k, v, w = (cp.shard(t, rank, n, layout).requires_grad_() for t in _tensors())
+    q, k, v, w = (cp.shard(t, rank, n, layout).to(utils.rank_device()).requires_grad_() for t in _tensors())
     stats = {}
     with utils.CommLedger() as ledger:
         if method == "ring":
