@@ -123,6 +123,12 @@ NOTES = {
     "13b_frameworks_workers_horovod": ("the step in worker processes through `TF_CONFIG`",
                                        "the parameter server; Horovod's API over `torch.distributed`",
                                        "Why do updates in turn (a parameter server without sync) differ from DDP?"),
+    "14_context_parallelism": ("four key blocks merged in a scrambled order give SDPA's output, then the ring "
+                               "checked against one process at 2, 3 and 4 ranks",
+                               "the bytes cells and the causal-work table: contiguous against zig-zag",
+                               "Why is the merge exact in any order? Why does the ring send about the same bytes per "
+                               "rank whatever n, while Ulysses sends less as n grows? Why can Ulysses not use more "
+                               "ranks than heads?"),
 }
 LAB_NOTE = ("the goal and the check cell on the stub (it answers 'not written yet')",
             "the whole lab: the checker grades it and names the mistake")
