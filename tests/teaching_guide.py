@@ -129,6 +129,11 @@ NOTES = {
                                "Why is the merge exact in any order? Why does the ring send about the same bytes per "
                                "rank whatever n, while Ulysses sends less as n grows? Why can Ulysses not use more "
                                "ranks than heads?"),
+    "15_expert_parallelism": ("the three all-to-alls of the expert-parallel layer, equal to one process, then the "
+                              "ledger's bytes per token beside 2kh(n-1)/n and the Mixtral figure",
+                              "the capacity and dropped-tokens table, the balancing loss, the 2 x 2 mesh",
+                              "Why does a capacity factor of 1 drop tokens? (a random router is unbalanced.) Why "
+                              "does DeepSpeed's auxiliary loss differ from Switch's? (no alpha, first choices only.)"),
 }
 LAB_NOTE = ("the goal and the check cell on the stub (it answers 'not written yet')",
             "the whole lab: the checker grades it and names the mistake")

@@ -33,6 +33,9 @@ Each module holds one idea and names the notebook that derives it; each folder's
   the balanced pipeline split; notebook 12a) and ``passes`` (Megatron's MLP split as a graph rewrite; notebook 12b).
 - ``utils.frameworks``: ``tf_toynet``, the course model in TensorFlow, and ``reference``, the torch step it is checked
   against (notebooks 13a and 13b, optional ``[frameworks]`` extra).
+- ``utils.experts``: ``router`` (top-k gate, capacity, Switch's load-balancing loss), ``layer`` (a mixture of experts
+  in one process), ``dispatch`` (experts sharded over ranks, tokens by all-to-all), ``hybrid`` (with data
+  parallelism on a 2-D mesh) (notebook 15).
 - ``utils.widgets``: the ipywidgets front ends: ``memory`` (notebook 03), ``pipeline`` (06b), ``planner`` (09).
 - ``utils.checkers``: the labs' checkers, one module per lab named like ``labs/solutions/``, and ``common``
   (``LabCheckFailed``, ``CheckResult``, ``fail``, tolerances).

@@ -26,7 +26,9 @@ Two byte counts per call:
   recv/irecv it is zero (the bytes are counted once, by the sender). For a collective it is the
   cost of the ring algorithm, the convention of nccl-tests: all-reduce sends 2(n-1)/n of its
   payload, all-gather, reduce-scatter and all-to-all (n-1)/n, broadcast and reduce 1x. A ring
-  written from send/recv (notebook 01b) is therefore measured, not modelled.
+  written from send/recv (notebook 01b) is therefore measured, not modelled. One exception, counted
+  exactly: ``all_to_all_single`` given ``input_split_sizes`` (uneven rows, as a mixture of experts
+  sends, notebook 15) sends every row but its own split's: payload minus that split's bytes.
 
 And one reading that is not a model at all: ``loopback_bytes()``, the byte counter of the
 machine's loopback network interface, which gloo ranks on one machine talk through (notebook 02
@@ -102,11 +104,22 @@ def tensor_bytes(obj):
 def _payload(op, args, kwargs):
     """The full-sized tensor argument of each operation (see the module docstring)."""
     first = args[0] if args else next(iter(kwargs.values()), None)
-    if op in ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "scatter"):
+    if op in ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "scatter",
+              "all_to_all_single"):
         names = ("input_list", "input_tensor_list", "input", "scatter_list")  # torch's keyword for that side
         second = args[1] if len(args) > 1 else next((kwargs[k] for k in names if k in kwargs), None)
         return tensor_bytes(second) if op != "scatter" else tensor_bytes(second or first)
     return tensor_bytes(first)
+
+
+def _split_wire_bytes(op, args, kwargs, group):
+    """Exact bytes leaving this rank for ``all_to_all_single`` with ``input_split_sizes``; else None."""
+    splits = kwargs.get("input_split_sizes", args[3] if len(args) > 3 else None)
+    if op != "all_to_all_single" or not splits:
+        return None
+    tensor = args[1] if len(args) > 1 else kwargs["input"]
+    row_bytes = tensor[0].numel() * tensor.element_size() if len(tensor) else 0
+    return (sum(splits) - splits[dist.get_rank(group)]) * row_bytes  # every split but this rank's own
 
 
 class CommLedger:
@@ -155,7 +168,9 @@ class CommLedger:
                 self._inside.call = False
             seconds = time.perf_counter() - start
             payload = _payload(op, args, kwargs)
-            self.records.append(CommRecord(op, n, payload, payload * RING_WIRE_FACTOR[op](n), seconds))
+            wire = _split_wire_bytes(op, args, kwargs, group)
+            wire = payload * RING_WIRE_FACTOR[op](n) if wire is None else wire
+            self.records.append(CommRecord(op, n, payload, wire, seconds))
             return result
 
         recorded.ledger_original = fn
