@@ -23,3 +23,13 @@ def test_alone_copy_holds_the_tracked_files_only(tmp_path):
     assert (tmp_path / "labs" / "solutions").is_dir() and (tmp_path / "data" / "README.md").is_file()
     assert not (tmp_path / "build").exists() and not (tmp_path / ".venv").exists()
     assert [p.name for p in (tmp_path / "data").iterdir()] == ["README.md"]
+
+
+def test_only_a_kernel_port_clash_is_run_again():
+    from notebook_runner import kernel_port_clash
+
+    clash = ("zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:34615')\n"
+             "RuntimeError: Kernel died before replying to kernel_info")
+    assert kernel_port_clash(clash)
+    assert not kernel_port_clash("AssertionError: the bubble is 0.31, not 0.25")
+    assert not kernel_port_clash("OSError: [Errno 98] Address already in use")  # a notebook's own server: its failure
