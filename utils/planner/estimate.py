@@ -9,7 +9,8 @@ from ..sharding.memory import bytes_per_param, zero_bytes_per_rank
 from ..pipeline import bubble_fraction
 from .shapes import GB, PRECISIONS, CHECKPOINTING, ModelShape, Cluster, H100_NODE, Plan, check_plan, _positive
 from .costs import (parameter_count, stage_parameters, layer_activation_bytes, in_flight, logits_bytes, dp_bytes,
-                    tp_bytes, tp_end_bytes, tied_bytes, pp_bytes, flops_per_token)
+                    tp_bytes, tp_end_bytes, tied_bytes, pp_bytes, flops_per_token, expert_parameters)
+from .cp_ep import cp_bytes, ep_bytes, spans
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,10 +41,10 @@ class Estimate:
     psi: int  # parameters of the model (a count)
     psi_rank: int  # parameters of the busiest pipeline stage on one tp rank, before ZeRO shards them
     memory: Memory  # the pipeline stage with the largest total (the first, or the last with its logits)
-    bytes_per_step: dict  # {"dp", "tp", "pp"}: bytes one rank sends per step
+    bytes_per_step: dict  # {"dp", "tp", "pp", "tied", "cp", "ep"}: bytes one rank sends per step
     bubble: float  # (p - 1) / (v m + p - 1)
     flops_per_step: float  # model FLOPs of the whole step, all ranks (MFU counts these)
-    times: dict  # seconds: {"compute", "dp", "tp", "pp"}
+    times: dict  # seconds: {"compute", "dp", "tp", "pp", "tied", "cp", "ep"}
     step_time: float
     mfu: float
     fits: bool
@@ -56,17 +57,30 @@ def link_bandwidth(cluster: Cluster, span: int) -> float:
     return cluster.intra_node_bandwidth if span <= cluster.gpus_per_node else cluster.inter_node_bandwidth
 
 
+def _states(model, plan, psi):
+    """Model states of a rank holding ``psi`` parameters: the dense ones sharded by ZeRO over the dp x cp ranks,
+    the experts (already 1/ep of them) over the dp x cp / ep ranks that hold the same experts (torchtitan's
+    ``dp_shard_cp`` and ``dp_shard_in_ep`` meshes). Returns (dense psi, expert psi, {params, grads, optim})."""
+    experts = model.layers // plan.pp * expert_parameters(model, plan.tp, plan.ep)
+    kinds = bytes_per_param("fp32" if plan.precision == "fp32" else "mixed", "adam")
+    data = plan.dp * plan.cp
+    dense, moe = (zero_bytes_per_rank(psi - experts, data, plan.zero_stage, *kinds),
+                  zero_bytes_per_rank(experts, data // plan.ep, plan.zero_stage, *kinds) if experts else None)
+    return psi - experts, experts, {k: dense[k] + (moe[k] if moe else 0) for k in ("params", "grads", "optim")}
+
+
 def _stage_memory(model, plan, stage, e):
     psi = stage_parameters(model, plan, stage)
     weights = PRECISIONS[plan.precision] * psi if plan.zero_stage == 3 and plan.pp > 1 else 0.0
     gradients = 4 * psi if plan.zero_stage >= 2 and plan.pp > 1 else 0.0  # fp32: the reduce dtype
     gathered = weights + gradients
-    states = zero_bytes_per_rank(psi, plan.dp, plan.zero_stage,
-                                 *bytes_per_param("fp32" if plan.precision == "fp32" else "mixed", "adam"))
+    states = _states(model, plan, psi)[2]
     per_layer = layer_activation_bytes(model, plan.micro_batch, plan.tp, plan.sequence_parallel, plan.checkpointing, e)
     acts = per_layer * model.layers / plan.pp * in_flight(plan, stage)
     if stage == plan.pp - 1:
         acts += logits_bytes(model, plan)
+    if plan.cp > 1:  # every activation is per token: the ring splits them all, its score blocks too (lesson 14)
+        acts /= plan.cp
     return psi, Memory(states["params"], states["grads"], states["optim"], acts, gathered)
 
 
@@ -78,16 +92,20 @@ def estimate(model: ModelShape, plan: Plan, cluster: Cluster = H100_NODE) -> Est
     psi_rank = max(psi for psi, _ in stages)
     memory = max((mem for _, mem in stages), key=lambda mem: mem.total)
     ends = max(tp_end_bytes(model, plan, s, e) for s in sorted({0, plan.pp - 1}))  # the busier end
-    sent = {"dp": dp_bytes(psi_rank, plan.dp, plan.zero_stage, e, plan.microbatches, pipelined=plan.pp > 1),
-            "tp": tp_bytes(model, plan, e) + ends, "pp": pp_bytes(model, plan, e), "tied": tied_bytes(model, plan, e)}
-    spans = {"tp": plan.tp, "pp": plan.tp * plan.pp, "dp": plan.world_size, "tied": plan.tp * plan.pp}
-    times = {k: sent[k] / link_bandwidth(cluster, spans[k]) for k in sent}
+    dense, experts, _ = _states(model, plan, psi_rank)
+    data, dp_args = plan.dp * plan.cp, (plan.zero_stage, e, plan.microbatches, plan.pp > 1)
+    sent = {"dp": dp_bytes(dense, data, *dp_args) + (dp_bytes(experts, data // plan.ep, *dp_args) if experts else 0),
+            "tp": tp_bytes(model, plan, e) + ends, "pp": pp_bytes(model, plan, e), "tied": tied_bytes(model, plan, e),
+            "cp": cp_bytes(model, plan, e), "ep": ep_bytes(model, plan, e)}
+    span = spans(plan)
+    times = {k: sent[k] / link_bandwidth(cluster, span[k]) for k in sent}
     tokens = plan.global_batch * model.seq_len
     model_flops, hardware_flops = (f * tokens for f in flops_per_token(model, plan.checkpointing))
     peak = cluster.peak_flops * (0.5 if plan.precision == "fp32" else 1.0)  # fp32 matmuls: TF32, half the bf16 rate
     times["compute"] = hardware_flops / plan.world_size / (peak * cluster.efficiency)
     bubble = bubble_fraction(plan.pp, plan.microbatches, plan.v)
-    step = (times["compute"] + times["tp"] + times["pp"]) / (1 - bubble) + times["dp"] + times["tied"]
+    on_path = times["compute"] + times["tp"] + times["pp"] + times["cp"] + times["ep"]  # per micro-batch: in the bubble
+    step = on_path / (1 - bubble) + times["dp"] + times["tied"]
     fits = memory.total <= cluster.memory_bytes
     reason = "" if fits else _why_not(memory, cluster)
     return Estimate(parameter_count(model), psi_rank, memory, sent, bubble, model_flops, times, step,
