@@ -115,7 +115,7 @@ def dp_bytes(psi: float, n: int, stage: int, element_bytes: int, microbatches: i
 
 
 def tp_bytes(model: ModelShape, plan: Plan, element_bytes: int) -> float:
-    """Bytes one tensor-parallel rank sends per step: per layer and micro-batch, 2 all-reduces of s b h in the
+    """Bytes one tensor-parallel rank sends per step (s: the tokens of its cp chunk, s/cp): per layer and micro-batch, 2 all-reduces of s b h in the
     forward and 2 in the backward (Shoeybi et al. 2019, the f and g operators), 8 s b h (t-1)/t values; with sequence
     parallelism each all-reduce is an all-gather + reduce-scatter, same bytes. Full recompute replays the layer's
     forward in backward, but torch's non-reentrant checkpoint stops the replay once it has rebuilt the last tensor
@@ -124,7 +124,7 @@ def tp_bytes(model: ModelShape, plan: Plan, element_bytes: int) -> float:
     all-reduce alone, 2 s b h (t-1)/t."""
     t = plan.tp
     replay = (3 if plan.sequence_parallel else 2) if plan.checkpointing == "full" else 0
-    per_layer = (8 + replay) * model.seq_len * plan.micro_batch * model.hidden
+    per_layer = (8 + replay) * model.seq_len // plan.cp * plan.micro_batch * model.hidden  # a cp rank: s/cp tokens
     return per_layer * (t - 1) / t * element_bytes * model.layers / plan.pp * plan.microbatches
 
 
@@ -138,7 +138,7 @@ def tp_end_bytes(model: ModelShape, plan: Plan, stage: int, element_bytes: int) 
     t = plan.tp
     if t == 1:
         return 0.0
-    f, sb = (t - 1) / t, model.seq_len * plan.micro_batch
+    f, sb = (t - 1) / t, model.seq_len // plan.cp * plan.micro_batch
     first, last = stage == 0, stage == plan.pp - 1
     per_micro = 2 * sb * model.hidden * (first + last) + (0 if plan.loss_parallel else sb * model.vocab) * last
     norms = (2 * model.layers // plan.pp + last) * (2 if model.norm == "layernorm" else 1) * model.hidden
@@ -161,7 +161,7 @@ def pp_bytes(model: ModelShape, plan: Plan, element_bytes: int) -> float:
     their gradients backward, per micro-batch; with sequence parallelism each tp rank sends its 1/tp slice."""
     p, v = plan.pp, plan.v
     sends = max(sum((k < p * v - 1) + (k > 0) for k in range(r, p * v, p)) for r in range(p)) if p > 1 else 0
-    per_send = model.seq_len * plan.micro_batch * model.hidden * element_bytes / (plan.tp if plan.sequence_parallel else 1)
+    per_send = model.seq_len // plan.cp * plan.micro_batch * model.hidden * element_bytes / (plan.tp if plan.sequence_parallel else 1)
     return sends * per_send * plan.microbatches
 
 
