@@ -161,3 +161,14 @@ def test_tp_and_pp_move_the_tokens_of_a_cp_chunk():
     one, two = (estimate(LLAMA2_7B, Plan(8, tp=2, pp=2, cp=c)) for c in (1, 2))  # SP adds per-step norm terms
     assert two.bytes_per_step["tp"] * 2 == one.bytes_per_step["tp"]
     assert two.bytes_per_step["pp"] * 2 == one.bytes_per_step["pp"]
+
+
+def test_the_widget_has_cp_and_ep():
+    from utils.widgets.planner import PlannerWidget
+
+    w = PlannerWidget()
+    w.model.value, w.dp.value = "Mixtral 8x7B", 8
+    w.ep.value = 8
+    assert w.result.bytes_per_step["ep"] > 0 and "sent per step, ep" in w.table.value
+    w.cp.value = 16  # ep=8 is not a multiple of cp=16: said in words
+    assert isinstance(w.result, ValueError) and "multiple of cp=16" in w.table.value
