@@ -157,8 +157,9 @@ def tied_bytes(model: ModelShape, plan: Plan, element_bytes: int) -> float:
 
 
 def pp_bytes(model: ModelShape, plan: Plan, element_bytes: int) -> float:
-    """Bytes the busiest pipeline rank sends per step: s b h activations forward at each chunk boundary it owns and
-    their gradients backward, per micro-batch; with sequence parallelism each tp rank sends its 1/tp slice."""
+    """Bytes the busiest pipeline rank sends per step: s b h activations (s/cp with cp) forward at each chunk
+    boundary it owns and their gradients backward, per micro-batch; with sequence parallelism each tp rank sends its
+    1/tp slice."""
     p, v = plan.pp, plan.v
     sends = max(sum((k < p * v - 1) + (k > 0) for k in range(r, p * v, p)) for r in range(p)) if p > 1 else 0
     per_send = model.seq_len // plan.cp * plan.micro_batch * model.hidden * element_bytes / (plan.tp if plan.sequence_parallel else 1)
