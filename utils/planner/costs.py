@@ -115,13 +115,13 @@ def dp_bytes(psi: float, n: int, stage: int, element_bytes: int, microbatches: i
 
 
 def tp_bytes(model: ModelShape, plan: Plan, element_bytes: int) -> float:
-    """Bytes one tensor-parallel rank sends per step (s: the tokens of its cp chunk, s/cp): per layer and micro-batch, 2 all-reduces of s b h in the
-    forward and 2 in the backward (Shoeybi et al. 2019, the f and g operators), 8 s b h (t-1)/t values; with sequence
-    parallelism each all-reduce is an all-gather + reduce-scatter, same bytes. Full recompute replays the layer's
-    forward in backward, but torch's non-reentrant checkpoint stops the replay once it has rebuilt the last tensor
-    backward needs, before the MLP's closing collective (it only feeds the residual sum): with sequence parallelism
-    2 all-gathers + 1 reduce-scatter more, 3 s b h (t-1)/t values (measured in lesson 09), without it the attention's
-    all-reduce alone, 2 s b h (t-1)/t."""
+    """Bytes one tensor-parallel rank sends per step (s: the s/cp tokens of its cp chunk): per layer and micro-batch,
+    2 all-reduces of s b h in the forward and 2 in the backward (Shoeybi et al. 2019, the f and g operators),
+    8 s b h (t-1)/t values; with sequence parallelism each all-reduce is an all-gather + reduce-scatter, same bytes.
+    Full recompute replays the layer's forward in backward, but torch's non-reentrant checkpoint stops the replay
+    once it has rebuilt the last tensor backward needs, before the MLP's closing collective (it only feeds the
+    residual sum): with sequence parallelism 2 all-gathers + 1 reduce-scatter more, 3 s b h (t-1)/t values
+    (measured in lesson 09), without it the attention's all-reduce alone, 2 s b h (t-1)/t."""
     t = plan.tp
     replay = (3 if plan.sequence_parallel else 2) if plan.checkpointing == "full" else 0
     per_layer = (8 + replay) * model.seq_len // plan.cp * plan.micro_batch * model.hidden  # a cp rank: s/cp tokens
@@ -162,7 +162,8 @@ def pp_bytes(model: ModelShape, plan: Plan, element_bytes: int) -> float:
     1/tp slice."""
     p, v = plan.pp, plan.v
     sends = max(sum((k < p * v - 1) + (k > 0) for k in range(r, p * v, p)) for r in range(p)) if p > 1 else 0
-    per_send = model.seq_len // plan.cp * plan.micro_batch * model.hidden * element_bytes / (plan.tp if plan.sequence_parallel else 1)
+    per_send = (model.seq_len // plan.cp * plan.micro_batch * model.hidden * element_bytes
+                / (plan.tp if plan.sequence_parallel else 1))
     return sends * per_send * plan.microbatches
 
 

@@ -46,7 +46,8 @@ def ep_bytes(model: ModelShape, plan: Plan, element_bytes: int, leaving: float |
         return 0.0
     share = (plan.ep - 1) / plan.ep if leaving is None else leaving
     per_token = wire_values_per_token(model.top_k, model.hidden, share)
-    return _replays(plan) * per_token * ep_tokens(model, plan) * element_bytes * model.layers / plan.pp * plan.microbatches
+    per_layer = per_token * ep_tokens(model, plan) * element_bytes
+    return _replays(plan) * per_layer * model.layers / plan.pp * plan.microbatches
 
 
 def spans(plan: Plan) -> dict:

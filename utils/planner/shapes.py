@@ -189,4 +189,5 @@ LLAMA2_70B = dataclasses.replace(LLAMA2_7B, layers=80, hidden=8192, heads=64, kv
                                  ffn_hidden=28672)  # 68,976,648,192
 # Mixtral 8x7B (Jiang et al. 2024, arXiv 2401.04088, Table 1; transformers' MixtralConfig defaults): 32 layers,
 # hidden 4096, 32 heads, 8 KV heads, 8 experts of ffn 14336, top-2, vocabulary 32000, untied; "46.7B" total.
-MIXTRAL_8X7B = dataclasses.replace(LLAMA2_7B, kv_heads=8, ffn_hidden=14336, expert_ffn=14336, n_experts=8, top_k=2)  # 46,702,792,704
+MIXTRAL_8X7B = dataclasses.replace(LLAMA2_7B, kv_heads=8, ffn_hidden=14336, expert_ffn=14336, n_experts=8,
+                                   top_k=2)  # 46,702,792,704
