@@ -11,8 +11,8 @@ import utils
 import utils.context_parallel as cp
 from utils.experts import ExpertParallelMoE, MoELayer, wire_values_per_token
 from utils.sharding.memory import bytes_per_param, zero_bytes_per_rank
-from utils.planner import (H100_NODE, LLAMA2_7B, MIXTRAL_8X7B, ModelShape, Plan, cp_bytes, ep_bytes, estimate,
-                           expert_parameters, parameter_count)
+from utils.planner import (H100_NODE, LLAMA2_7B, MIXTRAL_8X7B, ModelShape, Plan, best_plans, cp_bytes, ep_bytes,
+                           estimate, expert_parameters, parameter_count)
 
 B, H, S, D = 1, 6, 12, 4  # lesson 14's shapes, made small: 12 tokens split into 2n zig-zag chunks for n = 2, 3
 HID, FFN, E, K, T = 8, 16, 4, 2, 256  # lesson 15's layer, small: 4 experts, top-2, 256 tokens per rank
@@ -172,3 +172,15 @@ def test_the_widget_has_cp_and_ep():
     assert w.result.bytes_per_step["ep"] > 0 and "sent per step, ep" in w.table.value
     w.cp.value = 16  # ep=8 is not a multiple of cp=16: said in words
     assert isinstance(w.result, ValueError) and "multiple of cp=16" in w.table.value
+
+
+def test_best_plans_search_cp_and_ep_when_asked():
+    """By default the search keeps cp = ep = 1 (its old results); asked, it tries them, and a plan it returns with
+    ep > 1 is priced by ``estimate`` as any other (fastest first)."""
+    plain = best_plans(MIXTRAL_8X7B, H100_NODE, 64, 256, top=50)
+    assert plain and all(p.cp == p.ep == 1 for _, p in plain)
+    wide = best_plans(MIXTRAL_8X7B, H100_NODE, 64, 256, top=200, cp_degrees=(1, 2), ep_degrees=(1, 2, 4, 8))
+    assert any(p.ep > 1 for _, p in wide) and any(p.cp > 1 for _, p in wide)
+    assert [e.step_time for e, _ in wide] == sorted(e.step_time for e, _ in wide)
+    assert wide[0][0].step_time <= plain[0][0].step_time  # a larger search finds no slower best
+    assert all(e.step_time == estimate(MIXTRAL_8X7B, p).step_time for e, p in wide[:5])

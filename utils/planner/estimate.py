@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 from ..sharding.memory import bytes_per_param, zero_bytes_per_rank
 from ..pipeline import bubble_fraction
@@ -126,7 +127,7 @@ def _why_not(memory, cluster):
 
 def best_plans(model: ModelShape, cluster: Cluster, n_gpus: int, global_batch: int, micro_batches=(1, 2, 4),
                precision="bf16", zero_stages=(0, 1, 2, 3), checkpointing=CHECKPOINTING, chunks=(1, 2), top=10,
-               tp_degrees=None):
+               tp_degrees=None, cp_degrees=(1,), ep_degrees=(1,)):
     """The fitting plans of ``n_gpus`` GPUs, fastest predicted step first: a list of (Estimate, Plan).
 
     Rules: tp within a node (tp divides gpus_per_node), unless ``tp_degrees`` lists the degrees to try (then the
@@ -134,23 +135,23 @@ def best_plans(model: ModelShape, cluster: Cluster, n_gpus: int, global_batch: i
     (v > 1) only with a pipeline. Every ZeRO stage is tried with a pipeline too, at the pipelined costs that lesson 09
     measures (``dp_bytes(pipelined=True)``: torch.distributed.pipelining keeps the weights gathered and reduces the
     gradients once a step; ``Memory.gathered``: the unsharded stage it keeps meanwhile), as torchtitan runs FSDP
-    with PP."""
+    with PP. ``cp_degrees`` and ``ep_degrees``: the context- and expert-parallel sizes to try (1 alone by default;
+    plans they do not fit, e.g. ep on a dense model, are skipped)."""
     _positive(n_gpus=n_gpus, global_batch=global_batch)
     found = []
     if tp_degrees is None:
         tp_degrees = [t for t in range(1, cluster.gpus_per_node + 1) if cluster.gpus_per_node % t == 0]
-    for tp in (t for t in tp_degrees if n_gpus % t == 0):
-        for pp in (p for p in range(1, model.layers + 1) if (n_gpus // tp) % p == 0):
-            dp = n_gpus // (tp * pp)
-            for v in (c for c in chunks if c == 1 or pp > 1):
-                for mb in micro_batches:
-                    for zero in zero_stages:
-                        for ckpt in checkpointing:
-                            try:
-                                plan = Plan(global_batch, mb, dp, tp, pp, v, zero, precision, ckpt, tp > 1)
-                                est = estimate(model, plan, cluster)
-                            except ValueError:
-                                continue
-                            if est.fits:
-                                found.append((est, plan))
+    meshes = [(tp, cp) for tp in tp_degrees for cp in cp_degrees if n_gpus % (tp * cp) == 0]
+    for tp, cp in meshes:
+        for pp in (p for p in range(1, model.layers + 1) if (n_gpus // (tp * cp)) % p == 0):
+            dp = n_gpus // (tp * pp * cp)
+            for v, mb, zero, ckpt, ep in itertools.product((c for c in chunks if c == 1 or pp > 1), micro_batches,
+                                                           zero_stages, checkpointing, ep_degrees):
+                try:
+                    plan = Plan(global_batch, mb, dp, tp, pp, v, zero, precision, ckpt, tp > 1, cp=cp, ep=ep)
+                    est = estimate(model, plan, cluster)
+                except ValueError:
+                    continue
+                if est.fits:
+                    found.append((est, plan))
     return sorted(found, key=lambda pair: pair[0].step_time)[:top]
