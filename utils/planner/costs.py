@@ -7,22 +7,33 @@ from ..pipeline import one_f_one_b_order, peak_in_flight
 from .shapes import ModelShape, Plan
 
 
-def layer_parameters(model: ModelShape, tp: int = 1) -> int:
+def layer_parameters(model: ModelShape, tp: int = 1, ep: int = 1) -> int:
     """Parameters of one transformer layer held by one of ``tp`` tensor-parallel ranks: weight matrices and the
     column-parallel biases are split, norms and the row-parallel output biases are replicated (Megatron-LM).
-    GPT (ffn = 4h, biases, LayerNorm): 12h^2 + 13h at tp=1, Narayanan et al. 2021, Eq. (2)."""
+    GPT (ffn = 4h, biases, LayerNorm): 12h^2 + 13h at tp=1, Narayanan et al. 2021, Eq. (2). An MoE layer: its
+    router (h x E) replicated, its experts split over tp and ``ep`` ranks (``expert_parameters``)."""
     h, f, kv = model.hidden, model.ffn_hidden, model.kv_heads * (model.hidden // model.heads)
     split_bias = (h + 2 * kv + (2 if model.gated_mlp else 1) * f) if model.biases else 0
     kept_bias = 2 * h if model.biases else 0
     norms = 2 * (2 * h if model.norm == "layernorm" else h)
-    return (layer_matrices(model) + split_bias) // tp + kept_bias + norms
+    dense = layer_matrices(model) - expert_parameters(model) - h * model.n_experts
+    return (dense + split_bias) // tp + kept_bias + norms + h * model.n_experts + expert_parameters(model, tp, ep)
 
 
-def layer_matrices(model: ModelShape) -> int:
+def expert_parameters(model: ModelShape, tp: int = 1, ep: int = 1) -> int:
+    """One layer's expert weights on one rank: E MLPs of ``expert_ffn``, split over tp (etp = tp) and ep; 0 dense."""
+    return model.n_experts * (3 if model.gated_mlp else 2) * model.hidden * model.expert_ffn // (tp * ep)
+
+
+def layer_matrices(model: ModelShape, active: bool = False) -> int:
     """Weights of one layer's matrix multiplications: q and o h x h, k and v h x (kv_heads * head_dim), the MLP's
-    two (three when gated) h x ffn matrices. The FLOPs of a layer are 2 per weight per token, forward."""
+    two (three when gated) h x ffn matrices, or an MoE layer's router and experts (``active``: the top_k experts a
+    token runs, for FLOPs). The FLOPs of a layer are 2 per weight per token, forward."""
     h, kv = model.hidden, model.kv_heads * (model.hidden // model.heads)
-    return 2 * h * h + 2 * h * kv + (3 if model.gated_mlp else 2) * h * model.ffn_hidden
+    if not model.n_experts:
+        return 2 * h * h + 2 * h * kv + (3 if model.gated_mlp else 2) * h * model.ffn_hidden
+    experts = expert_parameters(model) * (model.top_k / model.n_experts if active else 1)
+    return 2 * h * h + 2 * h * kv + h * model.n_experts + int(experts)
 
 
 def embedding_parameters(model: ModelShape, tp: int = 1) -> dict:
@@ -44,7 +55,7 @@ def stage_parameters(model: ModelShape, plan: Plan, stage: int) -> int:
     stage, final norm and head on the last (with tied embeddings and pp > 1 the last stage keeps its own copy of
     the embedding as the head, as Megatron-LM does, and their gradients are all-reduced)."""
     emb = embedding_parameters(model, plan.tp)
-    total = model.layers // plan.pp * layer_parameters(model, plan.tp)
+    total = model.layers // plan.pp * layer_parameters(model, plan.tp, plan.ep)
     if stage == 0:
         total += emb["embedding"] + emb["positions"]
     if stage == plan.pp - 1:
@@ -62,7 +73,8 @@ def layer_activation_bytes(model: ModelShape, micro_batch: int, tp: int = 1, seq
     parallelism; the 5as/h score term gone with selective recompute; 2sbh (the layer's input) with full recompute.
     Written term by term so that GQA, a gated MLP, no dropout and fp32 (``element_bytes=4``) follow the same count."""
     s, b, h, a, e = model.seq_len, micro_batch, model.hidden, model.heads, element_bytes
-    sbh, kv, f, mask = s * b * h, model.kv_heads / model.heads, model.ffn_hidden / model.hidden, int(model.dropout)
+    sbh, kv, mask = s * b * h, model.kv_heads / model.heads, int(model.dropout)
+    f = (model.top_k * model.expert_ffn if model.n_experts else model.ffn_hidden) / h  # MoE: k experts' MLPs a token
     if checkpointing == "full":
         return e * sbh / (tp if sequence_parallel else 1)
     replicated = 4 * e + 2 * mask  # two norm inputs, QKV input, MLP input (e each) + two dropout masks: 10 sbh
@@ -103,16 +115,16 @@ def dp_bytes(psi: float, n: int, stage: int, element_bytes: int, microbatches: i
 
 
 def tp_bytes(model: ModelShape, plan: Plan, element_bytes: int) -> float:
-    """Bytes one tensor-parallel rank sends per step: per layer and micro-batch, 2 all-reduces of s b h in the
-    forward and 2 in the backward (Shoeybi et al. 2019, the f and g operators), 8 s b h (t-1)/t values; with sequence
-    parallelism each all-reduce is an all-gather + reduce-scatter, same bytes. Full recompute replays the layer's
-    forward in backward, but torch's non-reentrant checkpoint stops the replay once it has rebuilt the last tensor
-    backward needs, before the MLP's closing collective (it only feeds the residual sum): with sequence parallelism
-    2 all-gathers + 1 reduce-scatter more, 3 s b h (t-1)/t values (measured in lesson 09), without it the attention's
-    all-reduce alone, 2 s b h (t-1)/t."""
+    """Bytes one tensor-parallel rank sends per step (s: the s/cp tokens of its cp chunk): per layer and micro-batch,
+    2 all-reduces of s b h in the forward and 2 in the backward (Shoeybi et al. 2019, the f and g operators),
+    8 s b h (t-1)/t values; with sequence parallelism each all-reduce is an all-gather + reduce-scatter, same bytes.
+    Full recompute replays the layer's forward in backward, but torch's non-reentrant checkpoint stops the replay
+    once it has rebuilt the last tensor backward needs, before the MLP's closing collective (it only feeds the
+    residual sum): with sequence parallelism 2 all-gathers + 1 reduce-scatter more, 3 s b h (t-1)/t values
+    (measured in lesson 09), without it the attention's all-reduce alone, 2 s b h (t-1)/t."""
     t = plan.tp
     replay = (3 if plan.sequence_parallel else 2) if plan.checkpointing == "full" else 0
-    per_layer = (8 + replay) * model.seq_len * plan.micro_batch * model.hidden
+    per_layer = (8 + replay) * model.seq_len // plan.cp * plan.micro_batch * model.hidden  # a cp rank: s/cp tokens
     return per_layer * (t - 1) / t * element_bytes * model.layers / plan.pp * plan.microbatches
 
 
@@ -126,7 +138,7 @@ def tp_end_bytes(model: ModelShape, plan: Plan, stage: int, element_bytes: int) 
     t = plan.tp
     if t == 1:
         return 0.0
-    f, sb = (t - 1) / t, model.seq_len * plan.micro_batch
+    f, sb = (t - 1) / t, model.seq_len // plan.cp * plan.micro_batch
     first, last = stage == 0, stage == plan.pp - 1
     per_micro = 2 * sb * model.hidden * (first + last) + (0 if plan.loss_parallel else sb * model.vocab) * last
     norms = (2 * model.layers // plan.pp + last) * (2 if model.norm == "layernorm" else 1) * model.hidden
@@ -140,16 +152,18 @@ def tied_bytes(model: ModelShape, plan: Plan, element_bytes: int) -> float:
     the gradient this rank holds (split by tp, and by dp from ZeRO-2 on)."""
     if not model.tied_embeddings or plan.pp == 1:
         return 0.0
-    held = embedding_parameters(model, plan.tp)["embedding"] / (plan.dp if plan.zero_stage >= 2 else 1)
+    held = embedding_parameters(model, plan.tp)["embedding"] / (plan.dp * plan.cp if plan.zero_stage >= 2 else 1)
     return held * element_bytes
 
 
 def pp_bytes(model: ModelShape, plan: Plan, element_bytes: int) -> float:
-    """Bytes the busiest pipeline rank sends per step: s b h activations forward at each chunk boundary it owns and
-    their gradients backward, per micro-batch; with sequence parallelism each tp rank sends its 1/tp slice."""
+    """Bytes the busiest pipeline rank sends per step: s b h activations (s/cp with cp) forward at each chunk
+    boundary it owns and their gradients backward, per micro-batch; with sequence parallelism each tp rank sends its
+    1/tp slice."""
     p, v = plan.pp, plan.v
     sends = max(sum((k < p * v - 1) + (k > 0) for k in range(r, p * v, p)) for r in range(p)) if p > 1 else 0
-    per_send = model.seq_len * plan.micro_batch * model.hidden * element_bytes / (plan.tp if plan.sequence_parallel else 1)
+    per_send = (model.seq_len // plan.cp * plan.micro_batch * model.hidden * element_bytes
+                / (plan.tp if plan.sequence_parallel else 1))
     return sends * per_send * plan.microbatches
 
 
@@ -165,7 +179,7 @@ def flops_per_token(model: ModelShape, checkpointing: str = "none") -> tuple[flo
     forward with full recompute (Narayanan et al. 2021, Eq. (3): 96 B s l h^2 (1 + s/6h + V/16lh)), the
     attention-score forward 4 L h s with selective recompute."""
     L, h, s = model.layers, model.hidden, model.seq_len
-    forward = 2 * L * layer_matrices(model) + 4 * L * h * s
+    forward = 2 * L * layer_matrices(model, active=True) + 4 * L * h * s
     model_flops = 3 * forward + 6 * model.vocab * h
     extra = {"none": 0, "selective": 4 * L * h * s, "full": forward}[checkpointing]
     return model_flops, model_flops + extra

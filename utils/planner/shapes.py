@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..context_parallel.ring import check_sequence
+from ..experts.dispatch import check_expert_split
+
 
 GB = 1e9
 PRECISIONS = {"fp32": 4, "bf16": 2}  # bytes per activation / parameter element
@@ -41,6 +44,11 @@ class ModelShape:
     biases: bool = True  # biases on the linear layers
     positions: str = "learned"  # or "rope" (no parameters)
     dropout: bool = True  # dropout masks are activations too (1 byte per element)
+    # Mixture of experts (lesson 15): every layer's MLP is ``n_experts`` MLPs of ``expert_ffn`` (default ffn_hidden)
+    # and a router (h x E, replicated); each token goes to ``top_k`` of them. 0 experts: a dense model.
+    n_experts: int = 0
+    top_k: int = 2
+    expert_ffn: int | None = None
 
     def __post_init__(self):
         _positive(layers=self.layers, hidden=self.hidden, heads=self.heads, vocab=self.vocab, seq_len=self.seq_len)
@@ -48,7 +56,15 @@ class ModelShape:
             object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
-        _positive(ffn_hidden=self.ffn_hidden, kv_heads=self.kv_heads)
+        if self.expert_ffn is None:
+            object.__setattr__(self, "expert_ffn", self.ffn_hidden)
+        _positive(ffn_hidden=self.ffn_hidden, kv_heads=self.kv_heads, expert_ffn=self.expert_ffn)
+        if self.n_experts and not (isinstance(self.n_experts, int) and 1 <= self.top_k <= self.n_experts):
+            raise ValueError(f"top_k={self.top_k} experts per token out of n_experts={self.n_experts}: use "
+                             f"1 <= top_k <= n_experts (Mixtral: 2 of 8), or n_experts=0 for a dense model.")
+        if self.n_experts and self.biases:
+            raise ValueError(f"an MoE shape (n_experts={self.n_experts}) is counted without biases, as Mixtral and "
+                             "Switch have none: pass biases=False.")
         _divides("hidden size", self.hidden, self.heads, f"pick a hidden size that is a multiple of heads={self.heads}")
         _divides("number of heads", self.heads, self.kv_heads, f"kv_heads={self.kv_heads} must divide heads")
         if self.norm not in ("layernorm", "rmsnorm") or self.positions not in ("learned", "rope"):
@@ -83,8 +99,13 @@ H100_NODE = Cluster()
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """The mesh (dp x tp x pp ranks, v model chunks per pipeline rank), batches in sequences, and options.
-    ``zero_stage`` shards over the dp dimension (FSDP = stage 3); ``schedule`` is "1F1B" or "GPipe"."""
+    """The mesh (dp x tp x pp x cp ranks, v model chunks per pipeline rank), batches in sequences, and options.
+    ``zero_stage`` shards over the dp x cp ranks (FSDP = stage 3; the cp ranks hold the same weights, torchtitan's
+    ``dp_shard_cp``); ``schedule`` is "1F1B" or "GPipe". ``cp``: context parallelism, each sequence split over cp
+    ranks (ring attention, lesson 14). ``ep``: expert parallelism, each MoE layer's experts split over ep ranks
+    *borrowed* from the dp x cp ranks, not added to the world (torchtitan's ``ParallelDims`` with etp = tp: ep
+    takes all of cp and part of dp_shard, ``ep % cp == 0 and (dp_shard * cp) % ep == 0``); the experts are
+    also split by tp (etp = tp)."""
 
     global_batch: int
     micro_batch: int = 1
@@ -98,10 +119,16 @@ class Plan:
     sequence_parallel: bool = False  # Megatron SP: the tp group also splits norms and dropouts by sequence
     schedule: str = "1F1B"
     loss_parallel: bool = True  # vocab-parallel cross-entropy (Megatron); False: the logits are all-gathered over tp
+    cp: int = 1  # context parallelism: ranks that split each sequence
+    ep: int = 1  # expert parallelism: ranks, out of the dp x cp ones, that split each layer's experts
 
     def __post_init__(self):
         _positive(global_batch=self.global_batch, micro_batch=self.micro_batch, dp=self.dp, tp=self.tp,
-                  pp=self.pp, v=self.v)
+                  pp=self.pp, v=self.v, cp=self.cp, ep=self.ep)
+        if self.ep > 1 and (self.ep % self.cp or (self.dp * self.cp) % self.ep):
+            raise ValueError(f"ep={self.ep} expert-parallel ranks are borrowed from the dp x cp = {self.dp} x "
+                             f"{self.cp} = {self.dp * self.cp} data ranks (torchtitan): ep must divide "
+                             f"{self.dp * self.cp} and be a multiple of cp={self.cp}; e.g. ep=cp x a divisor of dp.")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage must be 0 (plain DP), 1, 2 or 3 (FSDP), not {self.zero_stage!r}.")
         if self.precision not in PRECISIONS or self.checkpointing not in CHECKPOINTING:
@@ -121,7 +148,7 @@ class Plan:
 
     @property
     def world_size(self):
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
 
     @property
     def microbatches(self):
@@ -137,6 +164,15 @@ def check_plan(model: ModelShape, plan: Plan):
                                       f"that divides {size}")
     _divides("number of layers", model.layers, plan.pp * plan.v,
              f"each of pp*v={plan.pp}*{plan.v} model chunks needs the same number of layers")
+    if plan.cp > 1:  # zig-zag chunks, 2 per rank, as a causal LM balances them (lesson 14; torchtitan's 2 * cp)
+        check_sequence(model.seq_len, plan.cp, "zigzag")
+    if plan.ep > 1:
+        if not model.n_experts:
+            raise ValueError(f"ep={plan.ep} splits experts, and this model has none (n_experts=0): use ep=1.")
+        check_expert_split(model.n_experts, plan.ep)
+    if model.n_experts:
+        _divides("expert MLP inner size", model.expert_ffn, plan.tp, f"experts are split by tp={plan.tp} too (etp = "
+                 f"tp): use a tp that divides {model.expert_ffn}")
     return plan
 
 
@@ -151,3 +187,7 @@ LLAMA2_7B = ModelShape(layers=32, hidden=4096, heads=32, vocab=32000, seq_len=40
                        dropout=False)  # 6,738,415,616
 LLAMA2_70B = dataclasses.replace(LLAMA2_7B, layers=80, hidden=8192, heads=64, kv_heads=8,
                                  ffn_hidden=28672)  # 68,976,648,192
+# Mixtral 8x7B (Jiang et al. 2024, arXiv 2401.04088, Table 1; transformers' MixtralConfig defaults): 32 layers,
+# hidden 4096, 32 heads, 8 KV heads, 8 experts of ffn 14336, top-2, vocabulary 32000, untied; "46.7B" total.
+MIXTRAL_8X7B = dataclasses.replace(LLAMA2_7B, kv_heads=8, ffn_hidden=14336, expert_ffn=14336, n_experts=8,
+                                   top_k=2)  # 46,702,792,704

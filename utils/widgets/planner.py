@@ -7,9 +7,10 @@ in words rather than as a traceback). In a notebook, show it with ``display(w.bo
 
 import ipywidgets as widgets
 
-from ..planner import GPT2_SMALL, H100_NODE, LLAMA2_7B, LLAMA2_70B, Plan, estimate
+from ..planner import GPT2_SMALL, H100_NODE, LLAMA2_7B, LLAMA2_70B, MIXTRAL_8X7B, Plan, estimate
 
-MODELS = {"Llama-2-7B": LLAMA2_7B, "Llama-2-70B": LLAMA2_70B, "GPT-2 small": GPT2_SMALL}
+MODELS = {"Llama-2-7B": LLAMA2_7B, "Llama-2-70B": LLAMA2_70B, "GPT-2 small": GPT2_SMALL,
+          "Mixtral 8x7B": MIXTRAL_8X7B}
 
 
 class PlannerWidget:
@@ -21,6 +22,7 @@ class PlannerWidget:
         self.model = pick(options=list(self.models), description="model")
         self.dp, self.tp, self.pp, self.v = (pick(options=[1, 2, 4, 8, 16, 32, 64], value=1, description=d)
                                              for d in ("dp", "tp", "pp", "v"))
+        self.cp, self.ep = (pick(options=[1, 2, 4, 8, 16], value=1, description=d) for d in ("cp", "ep"))
         self.micro_batch = pick(options=[1, 2, 4, 8], value=1, description="micro-batch")
         self.global_batch = widgets.IntSlider(value=64, min=1, max=1024, description="global batch")
         self.zero = pick(options=[0, 1, 2, 3], value=0, description="ZeRO stage")
@@ -29,7 +31,7 @@ class PlannerWidget:
         self.sequence_parallel = widgets.Checkbox(value=False, description="sequence parallel")
         self.table = widgets.HTML()
         controls = [self.model, self.dp, self.tp, self.pp, self.v, self.micro_batch, self.global_batch, self.zero,
-                    self.precision, self.checkpointing, self.sequence_parallel]
+                    self.precision, self.checkpointing, self.sequence_parallel, self.cp, self.ep]
         for control in controls:
             control.observe(lambda _change: self.update(), names="value")
         self.box = widgets.HBox([widgets.VBox(controls), self.table])
@@ -38,7 +40,7 @@ class PlannerWidget:
     def plan(self):
         return Plan(self.global_batch.value, self.micro_batch.value, self.dp.value, self.tp.value, self.pp.value,
                     self.v.value, self.zero.value, self.precision.value, self.checkpointing.value,
-                    self.sequence_parallel.value)
+                    self.sequence_parallel.value, cp=self.cp.value, ep=self.ep.value)
 
     def update(self):
         """Recompute and redraw; returns the ``Estimate`` (or the ``ValueError`` that the plan raised)."""
