@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..checkers.labs import LABS
+from ..hardware import usable_cores
 from ..scale_out.torchrun import ROOT, kill_tree
 
 __all__ = ["VERDICTS", "Answer", "Verdict", "find_submissions", "lab_world_size", "default_workers",
@@ -131,7 +132,7 @@ def default_workers(world_size, cores=None, memory=None):
     (the answer's process and its ranks, each a Python with torch: about 300-400 MB resident here), at least one."""
     import psutil
 
-    cores = cores or len(os.sched_getaffinity(0))
+    cores = cores or usable_cores()  # the CPU affinity where there is one (Linux), else the machine's
     memory = memory if memory is not None else psutil.virtual_memory().available
     return max(1, min(cores, int(memory // ((world_size + 1) * 400 * 2**20))))
 
