@@ -104,7 +104,9 @@ def pytest_xdist_auto_num_workers(config):
     """`make test` runs `pytest -n auto`: as many workers as cores this process may use, at most MAX_WORKERS.
     A notebook spends much of its time waiting (a kernel starting, a rank's timeout, a barrier), so two at
     once on two cores finish sooner than one after the other; more than the cores would only queue."""
-    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()))
+    from utils.hardware import usable_cores
+
+    return max(1, min(MAX_WORKERS, usable_cores()))
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the xdist_group marks set here
