@@ -69,7 +69,8 @@ def _own(fn, *args):
     def watch(frame, event, arg):
         if seen:
             return
-        if event == "call" and frame.f_code.co_filename.replace("\\", "/") == lesson and frame.f_code.co_name == "merge":
+        where = frame.f_code.co_filename.replace("\\", "/")
+        if event == "call" and where == lesson and frame.f_code.co_name == "merge":
             seen.append("the lesson's merge (utils.context_parallel)")
         elif event == "c_call" and "scaled_dot_product_attention" in getattr(arg, "__name__", ""):
             seen.append("F.scaled_dot_product_attention")
@@ -108,7 +109,8 @@ def check_merge(merge):
     """The merge alone, in this process: moderate scores, then scores whose exponentials overflow float32."""
     __tracebackhide__ = True
     lines = []
-    for scale, what in ((1.0, "moderate scores (|l| < 10)"), (40.0, "large scores (l up to ~200: e^l overflows float32)")):
+    for scale, what in ((1.0, "moderate scores (|l| < 10)"),
+                        (40.0, "large scores (l up to ~200: e^l overflows float32)")):
         ((o1, l1), (o2, l2)), (o, l) = _partials(scale, seed=int(scale))
         out = _own(merge, o1, l1, o2, l2)
         if not isinstance(out, tuple | list) or len(out) != 2 or not all(isinstance(t, torch.Tensor) for t in out) \
