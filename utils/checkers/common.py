@@ -3,7 +3,7 @@
 Shared by the checker of every lab, one module per lab in ``utils/checkers/``, named like the lab's
 reference solution in ``labs/solutions/``: ``halving_doubling`` (labs 01a and 01b, with ``halving_reduce_scatter``,
 ``doubling_all_gather`` and ``folded_all_reduce``), ``ddp`` (lab 02), ``zero``
-(lab 03), ``tensor_parallel`` (lab 05) and ``pipeline_schedule`` (lab 06). A checker returns a
+(lab 03), ``tensor_parallel`` (lab 05), ``pipeline_schedule`` (lab 06) and ``ring_attention`` (lab 14). A checker returns a
 ``CheckResult`` (print it: what was checked, what was measured) or raises ``LabCheckFailed``, an
 ``AssertionError`` whose ``.mistake`` names the classic mistake it recognised and whose ``.hint``
 says how to fix it. A stub that was never filled in raises its own ``NotImplementedError`` again,

@@ -128,6 +128,13 @@ LABS = {lab.name: lab for lab in (
     )),
     Lab("11a_collective_hangs_lab", "hang_debugging", tuple(_fix(p) for p in "ABC")),
     Lab("11b_send_and_ddp_hangs_lab", "hang_debugging", tuple(_fix(p) for p in "DEF")),
+    Lab("14_ring_attention_lab", "ring_attention", (
+        Part("merge and causal_block in ring attention", ("merge", "causal_block"),
+             "ring_attention:check_ring_attention",
+             lambda check, a, n, smoke: check(a["merge"], a["causal_block"],
+                                              world_sizes=sorted({2, 3, n}) if smoke else sorted({2, 3, 4, n}),
+                                              timeout=60), timeout=240),
+    )),
 )}
 
 

@@ -1,0 +1,96 @@
+"""The ring-attention lab's checker (utils/checkers/ring_attention.py) accepts the reference and rejects planted
+wrong answers.
+
+labs/14_ring_attention_lab.ipynb asks for the online-softmax ``merge`` and the causal ``causal_block`` rule of
+ring attention. Each classic mistake is planted here, and the test asserts that the checker names it
+(``LabCheckFailed.mistake``) and says a phrase of its hint. The lab's notebook itself runs in
+tests/test_notebooks.py.
+"""
+
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lab_grading import expect_rejection
+from notebook_runner import ROOT
+from utils.checkers.ring_attention import _partials, check_ring_attention
+from utils.context_parallel.ring import merge as the_lesson_merge
+
+sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
+from solutions.ring_attention import causal_block, merge  # noqa: E402
+
+
+def test_large_scores_overflow_a_naive_exp():
+    """The checker's large case is large enough: e^l is inf in float32 there, so a merge must subtract the max."""
+    ((_, l1), (_, l2)), _ = _partials(40.0, seed=40)
+    assert l1.max() > 89 and l2.max() > 89
+    assert not torch.isfinite(torch.exp(l1)).all() and not torch.isfinite(torch.exp(l2)).all()
+
+
+# ------------------------------------------------------------------ wrong answers
+
+def naive_merge(o1, l1, o2, l2):
+    """Right at moderate scores; e^l overflows at large ones."""
+    e1, e2 = torch.exp(l1), torch.exp(l2)
+    return (o1 * e1 + o2 * e2) / (e1 + e2), torch.log(e1 + e2)
+
+
+def averaged_merge(o1, l1, o2, l2):
+    return (o1 + o2) / 2, torch.logaddexp(l1, l2)
+
+
+def max_lse_merge(o1, l1, o2, l2):
+    l = torch.logaddexp(l1, l2)  # noqa: E741
+    return o1 * torch.exp(l1 - l) + o2 * torch.exp(l2 - l), torch.maximum(l1, l2)
+
+
+def lesson_merge(o1, l1, o2, l2):
+    from utils.context_parallel import merge as lesson
+
+    return lesson((o1, l1), (o2, l2))
+
+
+def sdpa_merge(o1, l1, o2, l2):
+    """Asks torch's attention for something on the side: refused, whatever it does with it."""
+    F.scaled_dot_product_attention(o1, o1, o1)
+    return merge(o1, l1, o2, l2)
+
+
+def off_by_one_chunk(q_rank, q_part, k_rank, k_part, world_size, layout):
+    """The diagonal one chunk late: chunk i sees chunk i - 1 as a triangle."""
+    def chunk(rank, part):
+        return rank if layout == "contiguous" else (rank if part == 0 else 2 * world_size - 1 - rank)
+
+    i, j = chunk(q_rank, q_part), chunk(k_rank, k_part)
+    return "full" if i > j + 1 else "diagonal" if i == j + 1 else "skip"
+
+
+def zigzag_second_as_first(q_rank, q_part, k_rank, k_part, world_size, layout):
+    """Compares ranks: right for contiguous, wrong for the zig-zag's second chunk (2n-1-r)."""
+    return "full" if q_rank > k_rank else "diagonal" if q_rank == k_rank else "skip"
+
+
+@pytest.mark.parametrize("wrong_merge, wrong_rule, mistake, phrase", [
+    (naive_merge, causal_block, "overflow", "subtract the maximum"),
+    (averaged_merge, causal_block, "averaged", "not averaged"),
+    (max_lse_merge, causal_block, "lse_max", "not max(l1, l2)"),
+    (lesson_merge, causal_block, "used_library", "off limits"),
+    (the_lesson_merge, causal_block, "used_library", "off limits"),
+    (sdpa_merge, causal_block, "used_library", "scaled_dot_product_attention"),
+    (merge, off_by_one_chunk, "off_by_one_chunk", "off by one chunk"),
+    (merge, zigzag_second_as_first, "zigzag_second_chunk", "2n-1-r"),
+], ids=["naive_merge", "averaged_merge", "max_lse_merge", "lesson_merge", "the_lesson_merge_itself", "sdpa_merge",
+        "off_by_one_chunk", "zigzag_second_as_first"])
+def test_rejects(wrong_merge, wrong_rule, mistake, phrase):
+    expect_rejection(check_ring_attention, wrong_merge, wrong_rule, world_sizes=(2,), mistake=mistake, phrase=phrase)
+
+
+def test_detached_merge_gives_wrong_gradients():
+    """A merge that drops the graph passes the merge checks and fails on the ring's gradients."""
+    def detached(o1, l1, o2, l2):
+        o, l = merge(o1, l1, o2, l2)
+        return o.detach(), l.detach()
+
+    expect_rejection(check_ring_attention, detached, causal_block, world_sizes=(2,), mistake="wrong_gradient")

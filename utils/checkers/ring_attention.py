@@ -1,0 +1,230 @@
+"""The checker of lab 14 (ring attention): the learner's online-softmax merge and causal block rule, in the ring.
+
+Used by ``labs/14_ring_attention_lab.ipynb``. Lesson 14 runs ``utils.context_parallel.ring_attention``; the lab has
+the learner write its two pieces:
+
+- ``merge(o1, l1, o2, l2) -> (o, l)``: two partial attention results (normalised output, log-sum-exp) over
+  disjoint key blocks, combined exactly;
+- ``causal_block(q_rank, q_part, k_rank, k_part, world_size, layout) -> "full" | "diagonal" | "skip"``: what a causal
+  mask keeps of a (query chunk, key chunk) pair, for the contiguous and zig-zag layouts.
+
+Same conventions as ``utils.checkers.common``. In order:
+
+1. **own work**: the lesson's ``merge`` (``utils.context_parallel``) and ``F.scaled_dot_product_attention`` are off
+   limits: a call to either while the learner's functions run is refused (``used_library``);
+2. **merge**, in this process, float32: at moderate scores against log(e^l1 + e^l2), then at scores near 100-200,
+   where e^l overflows float32 (above ~88.7): the merge must subtract the maximum;
+3. **causal_block** on every pair of 2, 3, 4 ranks and both layouts, against the rule on global chunk indices;
+4. **the ring** on 2, 3, 4 (and WORLD_SIZE) CPU ranks with the learner's pieces inside
+   ``ring_attention(merge_fn=, block_rule=)``, causal, both layouts, and full attention: outputs and the gradients
+   of q, k, v equal one process's attention.
+"""
+
+import math
+import sys
+
+import torch
+import torch.distributed as dist
+
+from ..context_parallel import ring as ring_module
+from ..context_parallel.ring import chunk_ids, ring_attention, shard, unshard
+from .common import CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error
+
+RING_HINTS = {
+    "used_library": "write the merge and the rule yourself: the lesson's merge (utils.context_parallel) and "
+                    "F.scaled_dot_product_attention compute the answer for you and are off limits in this lab.",
+    "not_pair": "merge must return a pair (o, l): o shaped like o1, l shaped like l1.",
+    "lse_max": "l is the log-sum-exp over both blocks, log(e^l1 + e^l2), not max(l1, l2): the smaller block still "
+               "holds part of the softmax mass (add log(e^(l1-m) + e^(l2-m)) to the maximum m).",
+    "lse_wrong": "l must be log(e^l1 + e^l2), the log of the softmax denominator over both blocks.",
+    "averaged": "the outputs are not averaged: each is weighted by the share of the softmax mass its block holds, "
+                "o = o1 exp(l1 - l) + o2 exp(l2 - l), with l the new log-sum-exp.",
+    "weights": "o = o1 exp(l1 - l) + o2 exp(l2 - l), with l = log(e^l1 + e^l2): the two weights sum to 1.",
+    "overflow": "e^l overflows float32 above l ~ 88.7: subtract the maximum m = max(l1, l2) before exponentiating "
+                "(m + log(e^(l1-m) + e^(l2-m))), and weight with exp(l1 - l), never exp(l1) / (e^l1 + e^l2).",
+    "not_kind": "causal_block returns one of the strings \"full\", \"diagonal\" or \"skip\".",
+    "off_by_one_chunk": "query chunk i sees key chunk j fully when i > j, its lower triangle when i == j (every "
+                        "query sees itself), nothing when i < j: your rule is off by one chunk.",
+    "zigzag_second_chunk": "in the zig-zag layout rank r holds two chunks: part 0 is chunk r, part 1 is chunk "
+                           "2n-1-r (n ranks); compare the global chunk indices, not the ranks.",
+    "causal_rule": "compare the global chunk indices: contiguous, rank r holds chunk r; zig-zag, part 0 is chunk r "
+                   "and part 1 chunk 2n-1-r; then i > j full, i == j diagonal, i < j skip.",
+    "wrong_output": "the ring's output differs from one process's attention although merge and the rule pass "
+                    "the checks above: does merge keep the autograd graph (no .detach(), no in-place update)?",
+    "wrong_gradient": "the outputs agree but the gradients of q, k, v do not: keep merge differentiable (no "
+                      "detach, no torch.no_grad, no in-place writes into o1 or l1).",
+    "deadlock": "the ring never finished: your functions must return on every rank without waiting for anything.",
+}
+LAYOUTS = ("contiguous", "zigzag")
+ANSWER_TOL = dict(rtol=1e-4, atol=1e-5)
+RING_TOL = dict(rtol=1e-6, atol=1e-8)  # float64 ring vs float64 attention
+
+
+def _own(fn, *args):
+    """``fn(*args)``, refused when it called the lesson's merge or scaled_dot_product_attention (a profile hook)."""
+    __tracebackhide__ = True
+    seen = []
+    lesson = ring_module.__file__.replace("\\", "/")
+
+    def watch(frame, event, arg):
+        if seen:
+            return
+        where = frame.f_code.co_filename.replace("\\", "/")
+        if event == "call" and where == lesson and frame.f_code.co_name == "merge":
+            seen.append("the lesson's merge (utils.context_parallel)")
+        elif event == "c_call" and "scaled_dot_product_attention" in getattr(arg, "__name__", ""):
+            seen.append("F.scaled_dot_product_attention")
+
+    if getattr(fn, "__code__", None) is ring_module.merge.__code__:
+        fail(RING_HINTS, "used_library", "your merge is the lesson's merge from utils.context_parallel.")
+    old = sys.getprofile()
+    sys.setprofile(watch)
+    try:
+        out = fn(*args)
+    finally:
+        sys.setprofile(old)
+    if seen:
+        fail(RING_HINTS, "used_library", f"{getattr(fn, '__name__', 'your function')} called {seen[0]}.")
+    return out
+
+
+def _partials(scale, seed):
+    """Two real partial results (o, l) of 6 queries over two blocks of 5 and 7 keys, float32; and the exact pair."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, 6, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    k = torch.cat([k, torch.randn(2, 4, 8, generator=g, dtype=torch.float64)], 1)
+    v = torch.cat([v, torch.randn(2, 4, 8, generator=g, dtype=torch.float64)], 1)
+    scores = q @ k.transpose(-2, -1) * scale
+    scores[..., 5:] += scale  # the second block's scores sit higher: unequal weights
+    parts = []
+    for sl in (slice(0, 5), slice(5, 10)):
+        l = torch.logsumexp(scores[..., sl], -1, keepdim=True)  # noqa: E741
+        parts.append((torch.exp(scores[..., sl] - l) @ v[..., sl, :], l))
+    l = torch.logsumexp(scores, -1, keepdim=True)  # noqa: E741
+    exact = (torch.exp(scores - l) @ v, l)
+    return [(o.float(), l.float()) for o, l in parts], exact
+
+
+def check_merge(merge):
+    """The merge alone, in this process: moderate scores, then scores whose exponentials overflow float32."""
+    __tracebackhide__ = True
+    lines = []
+    for scale, what in ((1.0, "moderate scores (|l| < 10)"),
+                        (40.0, "large scores (l up to ~200: e^l overflows float32)")):
+        ((o1, l1), (o2, l2)), (o, l) = _partials(scale, seed=int(scale))
+        out = _own(merge, o1, l1, o2, l2)
+        if not isinstance(out, tuple | list) or len(out) != 2 or not all(isinstance(t, torch.Tensor) for t in out) \
+                or out[0].shape != o1.shape or out[1].shape != l1.shape:
+            fail(RING_HINTS, "not_pair", f"merge returned {type(out).__name__}; expected (o {tuple(o1.shape)}, "
+                                         f"l {tuple(l1.shape)}).")
+        got_o, got_l = (t.double() for t in out)
+        if not (torch.isfinite(got_o).all() and torch.isfinite(got_l).all()):
+            fail(RING_HINTS, "overflow", f"at {what}, l1 up to {l1.max():.1f}, your merge returned "
+                                         f"{int((~torch.isfinite(got_o)).sum())} non-finite entries of o and "
+                                         f"{int((~torch.isfinite(got_l)).sum())} of l.")
+        if not close(got_l, l, ANSWER_TOL):
+            mistake = "lse_max" if close(got_l, torch.maximum(l1, l2).double(), ANSWER_TOL) else "lse_wrong"
+            fail(RING_HINTS, mistake, f"at {what}: l[0, 0] = {got_l[0, 0, 0]:.4f}, log(e^l1 + e^l2) = "
+                                      f"{l[0, 0, 0]:.4f} (l1 = {l1[0, 0, 0]:.4f}, l2 = {l2[0, 0, 0]:.4f}).")
+        if not close(got_o, o, ANSWER_TOL):
+            mistake = "averaged" if close(got_o, (o1 + o2).double() / 2, ANSWER_TOL) else "weights"
+            fail(RING_HINTS, mistake, f"at {what}: o differs from attention over both blocks by up to "
+                                      f"{(got_o - o).abs().max():.3g}.")
+        lines.append(f"merge at {what}: o and l equal attention over both blocks (max error "
+                     f"{(got_o - o).abs().max():.1e})")
+    return lines
+
+
+def _chunk(rank, part, n, layout):
+    return chunk_ids(rank, n, layout)[part]
+
+
+def _rule(i, j):
+    return "full" if i > j else "diagonal" if i == j else "skip"
+
+
+def check_causal_block(causal_block, world_sizes=(2, 3, 4)):
+    """The rule on every (query rank, part, key rank, part) of each world size and layout."""
+    __tracebackhide__ = True
+    pairs = 0
+    for n in world_sizes:
+        for layout in LAYOUTS:
+            parts = range(len(chunk_ids(0, n, layout)))
+            wrong = []
+            for qr in range(n):
+                for qp in parts:
+                    for kr in range(n):
+                        for kp in parts:
+                            got = _own(causal_block, qr, qp, kr, kp, n, layout)
+                            if got not in ("full", "diagonal", "skip"):
+                                fail(RING_HINTS, "not_kind", f"causal_block({qr}, {qp}, {kr}, {kp}, {n}, "
+                                                             f"{layout!r}) returned {got!r}.")
+                            i, j = _chunk(qr, qp, n, layout), _chunk(kr, kp, n, layout)
+                            pairs += 1
+                            if got != _rule(i, j):
+                                wrong.append((qr, qp, kr, kp, i, j, got))
+            if wrong:
+                qr, qp, kr, kp, i, j, got = wrong[0]
+                what = (f"{len(wrong)} pairs wrong on {n} ranks, {layout}; first: causal_block({qr}, {qp}, {kr}, "
+                        f"{kp}, {n}, {layout!r}) = {got!r}, query chunk {i} x key chunk {j} is {_rule(i, j)!r}.")
+                if layout == "zigzag" and all(w[1] == 1 or w[3] == 1 for w in wrong):
+                    fail(RING_HINTS, "zigzag_second_chunk", what)
+                if all(abs(w[4] - w[5]) <= 1 for w in wrong):
+                    fail(RING_HINTS, "off_by_one_chunk", what)
+                fail(RING_HINTS, "causal_rule", what)
+    return [f"causal_block: {pairs} (query chunk, key chunk) pairs right on {list(world_sizes)} ranks, "
+            f"contiguous and zig-zag"]
+
+
+def _full_attention(q, k, v, causal):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        s = q.shape[-2]
+        scores = scores.masked_fill(~torch.ones(s, s, dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(scores, -1) @ v
+
+
+def _case(seed, n):
+    g = torch.Generator().manual_seed(seed)
+    s = 4 * n  # 2n zig-zag chunks of 2 tokens
+    return [torch.randn(2, 2, s, 8, generator=g, dtype=torch.float64) * 2 for _ in range(4)]  # q, k, v, dout
+
+
+def _ring(merge, causal_block, cases):
+    """Runs on every rank: each case's ring with the learner's pieces; this rank's output and gradients."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = {"error": None, "results": []}
+    try:
+        for causal, layout in cases:
+            q, k, v, dout = _case(7, n)
+            mine = [shard(t, rank, n, layout).clone().requires_grad_(i < 3) for i, t in enumerate((q, k, v, dout))]
+            o = ring_attention(*mine[:3], causal=causal, layout=layout, merge_fn=merge, block_rule=causal_block)
+            o.backward(mine[3])
+            out["results"].append([o.detach()] + [torch.zeros_like(t) if t.grad is None else t.grad for t in mine[:3]])
+    except Exception as exc:  # noqa: BLE001
+        out["error"] = caught(exc, "the ring with your merge and causal_block")
+    return out
+
+
+def check_ring_attention(merge, causal_block, world_sizes=(2, 3, 4), timeout=60.0):
+    """Check ``merge`` and ``causal_block`` alone, then in the ring on each of ``world_sizes`` CPU ranks."""
+    __tracebackhide__ = True
+    lines = check_merge(merge) + check_causal_block(causal_block, sorted({2, 3, 4, *world_sizes}))
+    cases = [(True, "contiguous"), (True, "zigzag"), (False, "contiguous")]
+    for n in world_sizes:
+        ranks = launch_answer(_ring, (merge, causal_block, cases), n, timeout, "the ring", RING_HINTS["deadlock"])
+        raise_if_error(first_error(ranks), n, RING_HINTS)
+        for c, (causal, layout) in enumerate(cases):
+            q, k, v, dout = (t.clone().requires_grad_(i < 3) for i, t in enumerate(_case(7, n)))
+            want = _full_attention(q, k, v, causal)
+            want.backward(dout)
+            got = [unshard([r["results"][c][t] for r in ranks], layout) for t in range(4)]
+            label = f"{'causal' if causal else 'full'} attention, {layout}, s={q.shape[-2]}"
+            if not close(got[0], want.detach(), RING_TOL):
+                fail(RING_HINTS, "wrong_output", f"{label}: output off by {(got[0] - want).abs().max():.3g}.", n)
+            for name, g, t in zip("qkv", got[1:], (q, k, v)):
+                if not close(g, t.grad, RING_TOL):
+                    fail(RING_HINTS, "wrong_gradient", f"{label}: d{name} off by {(g - t.grad).abs().max():.3g}.", n)
+        lines.append(f"on {n} ranks: causal (contiguous, zig-zag) and full ring attention with your pieces = one "
+                     f"process's attention, output and dq, dk, dv")
+    return CheckResult("merge and causal_block in ring attention", lines)
