@@ -42,7 +42,12 @@ BAD = {  # learner -> (the answer cell's new source, or a notebook's raw text), 
 }
 
 
-def _listing(folder, skip=(".venv", ".git")):
+# Left out of the repository's listing: what is not the course (.venv, .git, caches), and what the notebooks that
+# run beside this test under pytest-xdist write (build/, data/): the answers' writes are aimed elsewhere.
+NOT_COMPARED = (".venv", ".git", "__pycache__", ".pytest_cache", ".ipynb_checkpoints", "build", "data")
+
+
+def _listing(folder, skip=NOT_COMPARED):
     """Every file under ``folder`` with its size and mtime (the folders in ``skip`` left out)."""
     found = {}
     for dirpath, dirnames, filenames in os.walk(folder):
