@@ -104,7 +104,7 @@ def halving_not_in_place(tensor):
 
 def whole_tensor_exchange(tensor):
     """Right chunks, the right partners in the right order, but the whole tensor at every step: log2 p tensors."""
-    v, p, d = dist.get_rank(), dist.get_world_size(), dist.get_world_size() // 2
+    v, d = dist.get_rank(), dist.get_world_size() // 2
     while d >= 1:
         incoming = torch.empty_like(tensor)
         sendrecv(tensor.clone(), v ^ d, incoming, v ^ d)

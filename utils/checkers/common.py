@@ -17,6 +17,7 @@ notebook with ``raise_if_error``. A hang or a crash outside the learner's code c
 """
 
 import dataclasses
+import sys
 
 import torch
 import torch.distributed as dist
@@ -107,3 +108,24 @@ def close(a, b, tolerance):
         return True
     except AssertionError:
         return False
+
+
+def watched_call(fn, args, forbidden):
+    """``fn(*args)`` under a profile hook: (its result, the label of the first call ``forbidden`` names, or None).
+
+    ``forbidden(frame, event, arg)`` returns a label for a call the lab refuses (the library that does what the lab
+    asks you to write, the checker's own search: both ship to learners), else None. The caller fails with its hint.
+    """
+    seen = []
+
+    def watch(frame, event, arg):
+        if not seen and (label := forbidden(frame, event, arg)):
+            seen.append(label)
+
+    old = sys.getprofile()
+    sys.setprofile(watch)
+    try:
+        result = fn(*args)
+    finally:
+        sys.setprofile(old)
+    return result, (seen[0] if seen else None)

@@ -25,14 +25,13 @@ GPipe, too little warm-up) gives the right gradients and is rejected by what it 
    process); on p launched ranks, the one a real ``ScheduleInterleaved1F1B`` builds.
 """
 
-import sys
 
 import torch.distributed as dist
 from torch import nn
 
 from ..launch import rank_device
 from ..pipeline import PipelineDeadlock, bubble_fraction, idle_fraction, peak_in_flight, simulate
-from .common import CheckResult, caught, fail, first_error, launch_answer, raise_if_error
+from .common import CheckResult, caught, fail, first_error, launch_answer, raise_if_error, watched_call
 
 # (p, m, v); m = p last: there a warm-up one forward too long is every forward first on some ranks, so the cases
 # with m > p come first and name that mistake as what it is
@@ -81,21 +80,15 @@ def _bound(rank, p, m, v):
 def _own(fn, *args):
     """``fn(*args)``, refused when it let torch's schedules, or this checker, compute the order (a profile hook)."""
     __tracebackhide__ = True
-    seen = []
 
-    def watch(frame, event, arg):
+    def forbidden(frame, event, arg):
         where = frame.f_code.co_filename.replace("\\", "/")
-        if event == "call" and (where == __file__ or where.endswith(TORCH_SCHEDULES)) and not seen:
-            seen.append(f"{frame.f_code.co_name} ({where.rsplit('/', 1)[-1]})")
+        if event == "call" and (where == __file__ or where.endswith(TORCH_SCHEDULES)):
+            return f"{frame.f_code.co_name} ({where.rsplit('/', 1)[-1]})"
 
-    old = sys.getprofile()
-    sys.setprofile(watch)
-    try:
-        ops = fn(*args)
-    finally:
-        sys.setprofile(old)
+    ops, seen = watched_call(fn, args, forbidden)
     if seen:
-        fail(PIPELINE_HINTS, "used_torch", f"fn{args} called {seen[0]}: the order came from torch, not from you.")
+        fail(PIPELINE_HINTS, "used_torch", f"fn{args} called {seen}: the order came from torch, not from you.")
     return ops
 
 
@@ -210,7 +203,7 @@ def check_interleaved(fn, world_sizes=(2,), timeout=60.0):
         orders = _orders(fn, p, m, v)
         lines.append(_check_structure(orders, p, m, v))
         _compare_with_torch(orders, _torch_rank_orders(p, m, v), p, m, v)
-    lines.append(f"every case above, m = p included: your order = torch's ScheduleInterleaved1F1B's on every rank")
+    lines.append("every case above, m = p included: your order = torch's ScheduleInterleaved1F1B's on every rank")
     for p in world_sizes:
         m, v = 2 * p, 2
         orders = _orders(fn, p, m, v)

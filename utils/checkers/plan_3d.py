@@ -12,14 +12,13 @@ schedule and checkpointing, and refuses a plan with a knob that step cannot run 
 
 import dataclasses
 import itertools
-import sys
 
 from ..mesh import parallelize3d
 
 from .. import planner
 from ..sharding.memory import zero_bytes_per_rank
 from ..mesh.parallelize3d import BATCH, HEADS, HIDDEN, LAYERS, SEQ, VOCAB
-from .common import GRAD_TOL, CheckResult, LabCheckFailed, close, fail, launch_answer
+from .common import GRAD_TOL, CheckResult, LabCheckFailed, close, fail, launch_answer, watched_call
 
 SPACE = dict(micro_batch=(1, 2, 4), v=(1, 2), zero_stage=(0, 1, 2, 3), checkpointing=planner.CHECKPOINTING)
 KNOBS = ("mesh", "micro_batch", "v", "zero_stage", "checkpointing")  # what a diagnosis holds, one (or two) at a time
@@ -119,16 +118,12 @@ def call_choose_plan(choose_plan, job, args):
     targets = {planner.best_plans.__code__: "utils.planner.best_plans",
                lab_plans.__code__: "the checker's own search (utils.checkers.plan_3d.lab_plans)",
                optimum.__code__: "the checker's own search (utils.checkers.plan_3d.optimum)"}
-    seen = []
 
-    def watch(frame, event, arg):
-        if event == "call" and frame.f_code in targets:
-            seen.append(targets[frame.f_code])
+    def forbidden(frame, event, arg):
+        return targets.get(frame.f_code) if event == "call" else None
 
-    old = sys.getprofile()
-    sys.setprofile(watch)
     try:
-        plan = choose_plan(*args)
+        plan, seen = watched_call(choose_plan, args, forbidden)
     except NotImplementedError:
         raise  # the lab's stub: its own message says what to write
     except Exception as err:
@@ -140,10 +135,8 @@ def call_choose_plan(choose_plan, job, args):
         mistake = "divisibility" if planner_refused else "crash"
         raise LabCheckFailed(mistake, f"{job}: choose_plan raised {type(err).__name__}: {err} (at {where})",
                              HINTS[mistake]) from None
-    finally:
-        sys.setprofile(old)
     if seen:
-        fail(HINTS, "used_best_plans", f"{job}: choose_plan called {seen[0]}")
+        fail(HINTS, "used_best_plans", f"{job}: choose_plan called {seen}")
     return plan
 
 

@@ -21,14 +21,13 @@ Same conventions as ``utils.checkers.common``. In order:
 """
 
 import math
-import sys
 
 import torch
 import torch.distributed as dist
 
 from ..context_parallel import ring as ring_module
 from ..context_parallel.ring import chunk_ids, ring_attention, shard, unshard
-from .common import CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error
+from .common import CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error, watched_call
 
 RING_HINTS = {
     "used_library": "write the merge and the rule yourself: the lesson's merge (utils.context_parallel) and "
@@ -63,28 +62,20 @@ RING_TOL = dict(rtol=1e-6, atol=1e-8)  # float64 ring vs float64 attention
 def _own(fn, *args):
     """``fn(*args)``, refused when it called the lesson's merge or scaled_dot_product_attention (a profile hook)."""
     __tracebackhide__ = True
-    seen = []
     lesson = ring_module.__file__.replace("\\", "/")
 
-    def watch(frame, event, arg):
-        if seen:
-            return
+    def forbidden(frame, event, arg):
         where = frame.f_code.co_filename.replace("\\", "/")
         if event == "call" and where == lesson and frame.f_code.co_name == "merge":
-            seen.append("the lesson's merge (utils.context_parallel)")
-        elif event == "c_call" and "scaled_dot_product_attention" in getattr(arg, "__name__", ""):
-            seen.append("F.scaled_dot_product_attention")
+            return "the lesson's merge (utils.context_parallel)"
+        if event == "c_call" and "scaled_dot_product_attention" in getattr(arg, "__name__", ""):
+            return "F.scaled_dot_product_attention"
 
     if getattr(fn, "__code__", None) is ring_module.merge.__code__:
         fail(RING_HINTS, "used_library", "your merge is the lesson's merge from utils.context_parallel.")
-    old = sys.getprofile()
-    sys.setprofile(watch)
-    try:
-        out = fn(*args)
-    finally:
-        sys.setprofile(old)
+    out, seen = watched_call(fn, args, forbidden)
     if seen:
-        fail(RING_HINTS, "used_library", f"{getattr(fn, '__name__', 'your function')} called {seen[0]}.")
+        fail(RING_HINTS, "used_library", f"{getattr(fn, '__name__', 'your function')} called {seen}.")
     return out
 
 

@@ -152,7 +152,7 @@ def _one_case(cls, model, ref, x, y, batches, bucket_numel, lr, steps):
 
 
 def _zero2_on_rank(cls, x, y, batches, bucket_numels, lr, steps):
-    rank, n, device = dist.get_rank(), dist.get_world_size(), rank_device()
+    device = rank_device()
     out, x, y = {"error": None}, x.to(device), y.to(device)
     try:
         for bucket_numel in bucket_numels:

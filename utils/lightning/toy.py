@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from utils.datasets import digits, digits_in_order
+from utils.datasets import digits_in_order
 from utils.sharding.memory import state_bytes
 from utils.models import ToyNet
 from utils.sharding.fsdp2 import shard_with_fsdp2
