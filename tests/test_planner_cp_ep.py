@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 import torch
 import torch.distributed as dist
+from torch.utils.checkpoint import checkpoint
 
 import utils
 import utils.context_parallel as cp
@@ -40,18 +41,19 @@ def test_cp_bytes_are_lesson_14s_measured_ring(n):
     TABLE.append((f"lesson 14 ring, cp={n}", est.bytes_per_step["cp"], measured[0]))
 
 
-def _moe_rank():
+def _moe_rank(recompute=False):
     rank, n = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     layer, x_all = MoELayer(HID, FFN, E, K), torch.randn(n * T, HID)
     moe = ExpertParallelMoE(layer)
     x = x_all.chunk(n)[rank].clone().requires_grad_()
     with utils.CommLedger() as forward:
-        y, aux = moe(x)
+        y, aux = checkpoint(moe, x, use_reentrant=False) if recompute else moe(x)
     with utils.CommLedger() as backward:
-        (y.square().sum() + aux).backward()
+        (y.square().sum() + aux).backward()  # with recompute: the layer's forward again, then its backward
     leaving = int((moe.last["routes"].expert // moe.local != rank).sum())
-    return sum(r.wire_bytes for r in forward.records[1:]) + backward.total("wire_bytes"), leaving  # [0]: counts
+    counts = forward.records[0].wire_bytes  # [0]: the counts' exchange, which the planner leaves out
+    return forward.total("wire_bytes") + backward.total("wire_bytes") - counts * (2 if recompute else 1), leaving
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -71,6 +73,46 @@ def test_ep_bytes_are_lesson_15s_measured_all_to_alls(n):
     assert uniform == pytest.approx(measured, rel=0.2), (uniform, measured, leaving)
     TABLE.append((f"lesson 15 all-to-all, ep={n} (share {leaving:.3f})", ep_bytes(model, plan, 4, leaving), measured))
     TABLE.append((f"  the same, uniform router (share {(n - 1) / n:.3f})", uniform, measured))
+
+
+def test_full_recompute_replays_the_ep_all_to_alls():
+    """Full recompute (``torch.utils.checkpoint`` around lesson 15's layer) replays its forward in backward, dispatch
+    and combine included: measured on 2 CPU ranks, the bytes are the planner's ep term with checkpointing="full",
+    1.5 times those without."""
+    n = 2
+    runs = utils.run_ranks(_moe_rank, True, world_size=n, verbose=False, timeout=120)
+    measured, leaving = sum(b for b, _ in runs) / n, sum(routes for _, routes in runs) / (n * T * K)
+    model = ModelShape(layers=1, hidden=HID, heads=1, vocab=8, seq_len=T, dropout=False, biases=False, n_experts=E,
+                       top_k=K, expert_ffn=FFN)
+    plan = Plan(global_batch=n, dp=n, ep=n, precision="fp32", checkpointing="full")
+    assert ep_bytes(model, plan, 4, leaving=leaving) == pytest.approx(measured, rel=1e-12)
+    plain = ep_bytes(model, dataclasses.replace(plan, checkpointing="none"), 4, leaving=leaving)
+    assert measured == pytest.approx(1.5 * plain, rel=1e-12)
+    TABLE.append((f"lesson 15 all-to-all, ep={n}, full recompute", ep_bytes(model, plan, 4, leaving), measured))
+
+
+def _capstone_4d():
+    from utils.mesh import parallelize3d
+    r = parallelize3d.train(1, 1, 2, steps=2, ac=True, cp=2)  # (dp, pp, cp, tp) = (1, 1, 2, 2), full recompute
+    return r["comm"][("cp", "send")]["wire_bytes"], r["losses"], r["grads"]
+
+
+def test_cp_in_the_capstones_mesh_equals_one_process_and_the_planners_bytes():
+    """Lesson 14's last section, on 4 ranks: the capstone's Llama on (dp, pp, cp, tp) = (1, 1, 2, 2) with full
+    recompute trains as one process does, and its ring sends the planner's cp bytes (the replayed forward
+    included: 3 passes of every block, not 2)."""
+    from utils.mesh import parallelize3d
+    runs = utils.run_ranks(_capstone_4d, world_size=4, verbose=False, timeout=180)
+    ref_losses, ref_grads = parallelize3d.reference(2)
+    plan = Plan(global_batch=parallelize3d.BATCH, micro_batch=parallelize3d.BATCH, tp=2, cp=2, zero_stage=3,
+                precision="fp32", checkpointing="full", sequence_parallel=True, schedule="GPipe", loss_parallel=False)
+    predicted = cp_bytes(parallelize3d.SHAPE, plan, 4)
+    for sent, losses, grads in runs:
+        assert sent == predicted == 1.5 * cp_bytes(parallelize3d.SHAPE, dataclasses.replace(plan, checkpointing="none"), 4)
+        assert losses == pytest.approx(ref_losses, abs=1e-5)
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, ref_grads[name], rtol=1e-4, atol=1e-5)
+    TABLE.append(("capstone (1, 1, cp=2, tp=2), full recompute", predicted, runs[0][0]))
 
 
 def test_mixtral_figure_of_lesson_15():

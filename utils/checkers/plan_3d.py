@@ -54,9 +54,7 @@ HINTS = {
     "not_equal": "the run must match one process: check that the plan's mesh divides the batch and the model.",
     "memory": "the measured shards must be the planner's prediction: read the table above.",
 }
-TINY = planner.ModelShape(layers=LAYERS, hidden=HIDDEN, heads=HEADS, vocab=VOCAB, seq_len=SEQ, ffn_hidden=2 * HIDDEN,
-                          tied_embeddings=True, gated_mlp=True, norm="rmsnorm", biases=False, positions="rope",
-                          dropout=False)  # the tiny Llama of notebook 09, its shape read from the code that trains it
+TINY = parallelize3d.SHAPE  # the tiny Llama of notebook 09, its shape read from the code that trains it
 TINY_BATCH = BATCH  # sequences per step
 
 

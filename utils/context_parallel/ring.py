@@ -100,21 +100,29 @@ def merge(acc, new):
 
 
 class RingPass(torch.autograd.Function):
-    """Send my block to the next rank, receive the previous rank's; backward sends the gradient the other way."""
+    """Send my block to the next rank, receive the previous rank's; backward sends the gradient the other way.
+
+    ``group``: the ring's ranks (default: all of them); next and previous are taken in the group's order."""
 
     @staticmethod
-    def forward(ctx, block):
-        rank, n = dist.get_rank(), dist.get_world_size()
+    def forward(ctx, block, group=None):
+        ctx.group = group
         received = torch.empty_like(block)
-        sendrecv(block.contiguous(), (rank + 1) % n, received, (rank - 1) % n)
+        sendrecv(block.contiguous(), _peer(group, +1), received, _peer(group, -1), group)
         return received
 
     @staticmethod
     def backward(ctx, grad):
-        rank, n = dist.get_rank(), dist.get_world_size()
         received = torch.empty_like(grad)
-        sendrecv(grad.contiguous(), (rank - 1) % n, received, (rank + 1) % n)  # to whoever sent me the block
-        return received
+        sendrecv(grad.contiguous(), _peer(ctx.group, -1), received, _peer(ctx.group, +1), ctx.group)  # to my sender
+        return received, None
+
+
+def _peer(group, offset):
+    """The global rank ``offset`` places along ``group``'s ring from this rank."""
+    rank, n = dist.get_rank(group), dist.get_world_size(group)
+    peer = (rank + offset) % n
+    return peer if group is None else dist.get_global_rank(group, peer)
 
 
 def _pair(q_chunk, k_chunk, causal):
@@ -124,16 +132,17 @@ def _pair(q_chunk, k_chunk, causal):
     return "diagonal" if q_chunk == k_chunk else "skip"
 
 
-def ring_attention(q, k, v, causal=False, layout="contiguous", stats=None, merge_fn=None, block_rule=None):
+def ring_attention(q, k, v, causal=False, layout="contiguous", stats=None, merge_fn=None, block_rule=None, group=None):
     """Attention of this rank's queries to the whole sequence, K/V passed around the ring n-1 times.
 
     q, k, v: (b, heads, s/n, d), this rank's tokens in ``layout`` order (``shard``). Returns (b, heads, s/n, d).
     ``stats``, a dict, receives what was computed: steps, score entries per step and in all, unmasked entries
     (per batch element and head). ``merge_fn(o1, l1, o2, l2) -> (o, l)`` and ``block_rule(q_rank, q_part, k_rank,
     k_part, world_size, layout) -> "full" | "diagonal" | "skip"`` replace ``merge`` and the causal rule (lab 14 grades
-    a learner's pieces in this ring).
+    a learner's pieces in this ring). ``group``: the ranks that share the sequence (a mesh's "cp" dimension; default
+    all ranks), ranked in the group's order.
     """
-    rank, n = dist.get_rank(), dist.get_world_size()
+    rank, n = dist.get_rank(group), dist.get_world_size(group)
     mine = chunk_ids(rank, n, layout)
     c = q.shape[-2] // len(mine)  # tokens per chunk
     check_sequence(c * _chunks(n, layout), n, layout)
@@ -143,7 +152,7 @@ def ring_attention(q, k, v, causal=False, layout="contiguous", stats=None, merge
     computed, unmasked, per_step = 0, 0, []
     for step in range(n):
         if step:
-            kv = RingPass.apply(kv)  # now holding the block of rank (rank - step) mod n
+            kv = RingPass.apply(kv, group)  # now holding the block of rank (rank - step) mod n
         theirs = chunk_ids((rank - step) % n, n, layout)
         step_entries = 0
         for i, qc in enumerate(mine):

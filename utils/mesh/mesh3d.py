@@ -37,15 +37,21 @@ def meshes(world_size):
             if world_size % (d * p) == 0]
 
 
-def check_mesh(dp, pp, tp, *, world_size, heads, kv_heads, layers, batch, microbatches):
+def check_mesh(dp, pp, tp, *, world_size, heads, kv_heads, layers, batch, microbatches, cp=1, seq=None):
     """Raise ``ValueError`` at once, naming the numbers, unless the mesh fits the model and the batch.
 
     tp must divide the query and key/value heads (each rank keeps whole heads), pp the layers (whole
     layers per stage), and dp x microbatches the global batch (equal slices, so that averaging the
-    ranks' mean losses is the global mean)."""
-    if dp * pp * tp != world_size:
-        raise ValueError(f"mesh dp={dp} x pp={pp} x tp={tp} = {dp * pp * tp} ranks, but WORLD_SIZE = {world_size}; "
-                         f"pick one of {meshes(world_size)}.")
+    ranks' mean losses is the global mean). A fourth dimension, cp (context parallelism, lesson 14), must
+    cut the sequence ``seq`` into 2 cp zig-zag chunks."""
+    if dp * pp * cp * tp != world_size:
+        fourth = f" x cp={cp}" if cp > 1 else ""
+        raise ValueError(f"mesh dp={dp} x pp={pp}{fourth} x tp={tp} = {dp * pp * cp * tp} ranks, but WORLD_SIZE = "
+                         f"{world_size}; pick one of {meshes(world_size // cp) if world_size % cp == 0 else []}"
+                         f"{' (dp, pp, tp) for the other ' + str(world_size // cp) + ' ranks' if cp > 1 else ''}.")
+    if cp > 1:
+        from ..context_parallel.ring import check_sequence
+        check_sequence(seq, cp, "zigzag")
     for what, size in (("attention heads", heads), ("key/value heads", kv_heads)):
         if size % tp:
             raise ValueError(f"{size} {what} are not divisible by tp={tp}: a tensor-parallel rank keeps whole heads; "

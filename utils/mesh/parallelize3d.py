@@ -27,14 +27,19 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..launch import rank_device
+from ..planner.shapes import ModelShape
+from .context4d import positions, shard_batch, use_ring_attention
 from .mesh3d import MeshCommLedger, check_mesh, model_state_bytes
 
-__all__ = ["VOCAB", "HIDDEN", "HEADS", "LAYERS", "SEQ", "BATCH", "LR", "make_model", "make_batch", "loss_fn",
+__all__ = ["VOCAB", "HIDDEN", "HEADS", "LAYERS", "SEQ", "BATCH", "LR", "SIZES", "SHAPE", "make_model", "make_batch", "loss_fn",
            "LlamaStage", "hf_name", "tp_plan", "microbatches", "build", "tied_group", "train", "reference"]
 
 VOCAB, HIDDEN, HEADS, LAYERS, SEQ, BATCH = 32, 32, 4, 4, 16, 8  # BATCH: sequences per global batch
 LR = 1e-2  # Adam learning rate
 SIZES = dict(heads=HEADS, kv_heads=HEADS, layers=LAYERS, batch=BATCH)  # what a mesh must divide (check_mesh)
+SHAPE = ModelShape(layers=LAYERS, hidden=HIDDEN, heads=HEADS, vocab=VOCAB, seq_len=SEQ, ffn_hidden=2 * HIDDEN,
+                   tied_embeddings=True, gated_mlp=True, norm="rmsnorm", biases=False, positions="rope",
+                   dropout=False)  # the model below, as the planner describes a model (lessons 09b and 14, lab 09)
 
 
 def make_model(seed=0):
@@ -78,10 +83,12 @@ class LlamaStage(nn.Module):
         self.rotary_emb = hf.model.rotary_emb
         self.norm, self.lm_head = (hf.model.norm, hf.lm_head) if last else (None, None)
         self.checkpoint_layers = False  # build(ac=True) sets it: recompute each block's forward in backward
+        self.positions = None  # build(cp>1) sets it: the global positions of this cp rank's tokens
 
     def forward(self, x):  # first stage: (b, s) token ids; others: (b, s/tp, h) hidden states
         h = self.embed_tokens(x) if self.embed_tokens is not None else x
-        positions = torch.arange(self.seq_len, device=h.device)[None]  # of the *whole* sequence, even when h is s/tp
+        positions = torch.arange(self.seq_len, device=h.device) if self.positions is None else self.positions
+        positions = positions.to(h.device)[None]  # of the *whole* sequence (or cp chunk), even when h is s/tp
         cos_sin = self.rotary_emb(h, positions)
         for layer in self.layers.values():  # no mask: sdpa is causal
             if self.checkpoint_layers and torch.is_grad_enabled():  # keep only h; replay the block in backward
@@ -133,21 +140,26 @@ def microbatches(pp):
     return pp
 
 
-def build(dp, pp, tp, device, m=None, lr=LR, ac=False, compile_backend=None):
+def build(dp, pp, tp, device, m=None, lr=LR, ac=False, compile_backend=None, cp=1):
     """On every rank: the mesh, this rank's stage (split -> TP -> AC -> compile -> FSDP), its optimizer.
 
     ``ac=True`` checkpoints every block (its activations are recomputed in backward, tp collectives included);
     ``compile_backend`` ("inductor" on GPUs, "aot_eager" to check the capture quickly on CPUs) compiles
-    every block with ``torch.compile``; both off by default."""
+    every block with ``torch.compile``; both off by default. ``cp > 1`` adds a fourth mesh dimension, context
+    parallelism (``context4d``): the mesh is ("dp", "pp", "cp", "tp") and FSDP2 shards over dp x cp."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
     m = microbatches(pp) if m is None else m
-    check_mesh(dp, pp, tp, world_size=dist.get_world_size(), microbatches=m, **SIZES)
-    mesh = init_device_mesh(device.type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
+    check_mesh(dp, pp, tp, world_size=dist.get_world_size(), microbatches=m, cp=cp, seq=SEQ, **SIZES)
+    shape, names = ((dp, pp, cp, tp), ("dp", "pp", "cp", "tp")) if cp > 1 else ((dp, pp, tp), ("dp", "pp", "tp"))
+    mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
     s, per = mesh.get_local_rank("pp"), LAYERS // pp
     # 1. pipeline split: keep layers [s*per, (s+1)*per) of the full model (same seed on every rank)
     stage = LlamaStage(make_model().to(device), s * per, (s + 1) * per, first=s == 0, last=s == pp - 1)
+    if cp > 1:  # 1b. context parallelism: ring attention over mesh["cp"], this rank's tokens' global positions
+        use_ring_attention(stage, mesh["cp"].get_group())
+        stage.positions = positions(mesh.get_local_rank("cp"), cp, SEQ)
     # 2. tensor (+ sequence) parallelism on mesh["tp"]: it must see plain nn.Linear, before any wrapper
     if tp > 1:
         parallelize_module(stage, mesh["tp"], tp_plan(stage))
@@ -163,20 +175,22 @@ def build(dp, pp, tp, device, m=None, lr=LR, ac=False, compile_backend=None):
     # 5. FSDP2 on mesh["dp"], last: each block, then the stage root (embedding, norm, head: the tied pair in one
     #    group). With a pipeline, keep gathered weights from forward to backward (torchtitan): else every
     #    micro-batch gathers twice.
+    #    With cp, over dp x cp flattened: cp ranks hold the same weights and average their gradients like dp's.
+    shard_mesh = mesh["dp", "cp"]._flatten("dp_cp") if cp > 1 else mesh["dp"]
     for layer in stage.layers.values():
-        fully_shard(layer, mesh=mesh["dp"], reshard_after_forward=pp == 1)
-    fully_shard(stage, mesh=mesh["dp"], reshard_after_forward=pp == 1)
+        fully_shard(layer, mesh=shard_mesh, reshard_after_forward=pp == 1)
+    fully_shard(stage, mesh=shard_mesh, reshard_after_forward=pp == 1)
     return mesh, stage, torch.optim.Adam(stage.parameters(), lr=lr)
 
 
 def tied_group(mesh, dp, pp, tp):
-    """The group {first stage, last stage} of this rank's (dp, tp) position, or None (every rank creates every group)."""
+    """The group {first stage, last stage} of this rank's (dp, [cp,] tp) position, or None (every rank creates every
+    group, in the same order)."""
     mine = None
-    for d in range(dp):
-        for t in range(tp):
-            ranks = [int(mesh.mesh[d, 0, t]), int(mesh.mesh[d, pp - 1, t])]
-            group = dist.new_group(ranks)
-            mine = group if dist.get_rank() in ranks else mine
+    for line in mesh.mesh.movedim(1, -1).reshape(-1, pp).tolist():  # the ranks along pp, one line per other position
+        ranks = [line[0], line[-1]]
+        group = dist.new_group(ranks)
+        mine = group if dist.get_rank() in ranks else mine
     return mine
 
 
@@ -185,8 +199,9 @@ def _local(t):
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def train(dp, pp, tp, steps, m=None, measure_step=1, lr=LR, ac=False, compile_backend=None, schedule="GPipe"):
-    """Train ``steps`` steps on a (dp, pp, tp) mesh with GPipe over ``m`` micro-batches (default p).
+def train(dp, pp, tp, steps, m=None, measure_step=1, lr=LR, ac=False, compile_backend=None, schedule="GPipe", cp=1):
+    """Train ``steps`` steps on a (dp, pp, tp) mesh with GPipe over ``m`` micro-batches (default p); ``cp > 1`` adds
+    context parallelism, a fourth dimension (``build``), and ``cp_rank`` to the result.
 
     ``schedule``: "GPipe" (the lesson's) or "1F1B" (``Schedule1F1B``, which needs m >= p); one stage per rank.
 
@@ -202,18 +217,22 @@ def train(dp, pp, tp, steps, m=None, measure_step=1, lr=LR, ac=False, compile_ba
     warnings.filterwarnings("ignore", category=UserWarning)  # FSDP2's note about views (we do no in-place op on them)
     device = rank_device()
     m = microbatches(pp) if m is None else m
-    mesh, stage, opt = build(dp, pp, tp, device, m, lr, ac=ac, compile_backend=compile_backend)
-    d, s = mesh.get_local_rank("dp"), mesh.get_local_rank("pp")
+    mesh, stage, opt = build(dp, pp, tp, device, m, lr, ac=ac, compile_backend=compile_backend, cp=cp)
+    d, s, c = mesh.get_local_rank("dp"), mesh.get_local_rank("pp"), mesh.get_local_rank("cp") if cp > 1 else 0
     tied = tied_group(mesh, dp, pp, tp) if pp > 1 else None
     rows = BATCH // dp
     schedule = schedules[schedule](PipelineStage(stage, s, pp, device, group=mesh["pp"].get_group()),
                                    n_microbatches=m, loss_fn=loss_fn)
-    out = dict(coords=(d, s, mesh.get_local_rank("tp")), losses=[], m=m)
+    extra = {"tied": tied} if tied is not None else {}
+    if cp > 1 and dp > 1:  # FSDP2's group: dp x cp flattened (build); with dp = 1 it is the cp group itself
+        extra["dp_cp"] = mesh["dp_cp"].get_group()
+    out = dict(coords=(d, s, mesh.get_local_rank("tp")), losses=[], m=m, cp_rank=c)
     for step in range(steps):
-        x, y = (t[d * rows:(d + 1) * rows].to(device) for t in make_batch(step))  # this dp rank's slice
+        x, y = (t[d * rows:(d + 1) * rows] for t in make_batch(step))  # this dp rank's slice
+        x, y = (t.to(device) for t in shard_batch(x, y, c, cp))  # and its tokens of each sequence (cp)
         opt.zero_grad()
         # the ledger (a TorchDispatchMode) only on the measured step: torch.compile does not trace under one
-        ledger = MeshCommLedger(mesh, {"tied": tied} if tied is not None else None)
+        ledger = MeshCommLedger(mesh, extra)
         dist.barrier()
         start = time.perf_counter()
         with ledger if step == measure_step else contextlib.nullcontext():
@@ -235,7 +254,9 @@ def train(dp, pp, tp, steps, m=None, measure_step=1, lr=LR, ac=False, compile_ba
         loss = torch.stack(mb_losses).mean() if mb_losses else torch.zeros((), device=device)
         dist.all_reduce(loss, group=mesh["pp"].get_group())  # only the last stage had it
         dist.all_reduce(loss, group=mesh["dp"].get_group())  # mean over the dp slices
-        out["losses"].append(loss.item() / dp)
+        if cp > 1:
+            dist.all_reduce(loss, group=mesh["cp"].get_group())  # and over the cp ranks' tokens (as many each)
+        out["losses"].append(loss.item() / (dp * cp))
         if step == measure_step:
             out.update(comm=ledger.summary(), seconds=seconds)
     out["memory"] = model_state_bytes(stage, opt)
