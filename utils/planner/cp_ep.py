@@ -6,7 +6,8 @@ Each formula is the one its lesson measured with ``utils.comm.ledger`` (tests/te
 again on CPU ranks): a cp rank sends the K and V of its own chunk (cp - 1) times per layer forward and their
 gradients as often backward; an ep rank sends 2 k h values per token it holds times the share of routes that leave
 it ((ep - 1)/ep for a uniform router) forward, the same backward. Full recompute replays the forward, so one
-forward's bytes again (reasoned from the replayed layer, not measured in the course).
+forward's bytes again: measured for cp on the capstone's 4-D mesh (lesson 14, section 6) and for ep around lesson
+15's layer (tests/test_planner_cp_ep.py).
 """
 
 from __future__ import annotations
