@@ -99,7 +99,7 @@ def utils_definitions():
 def printed_source_lines(nb, index=None):
     """(lines, unresolved): the non-blank lines of the utils functions a notebook prints with
     ``inspect.getsource(f)``, found statically: f's module from the notebook's ``from utils.M import f``, or
-    its dotted name, or the only definition of that name in utils. A name defined in the notebook itself is
+    its dotted name, or the only definition of that name in utils; or a whole module, ``from utils.M import m``. A name defined in the notebook itself is
     already counted with its cell; one that cannot be resolved is listed, not counted."""
     index = utils_definitions() if index is None else index
     code = "\n".join(source(c) for c in nb["cells"] if c["cell_type"] == "code")
@@ -119,7 +119,10 @@ def printed_source_lines(nb, index=None):
             candidates = [c for c in candidates if c[0].endswith(".".join(prefix))] or candidates
         elif name in imported:
             candidates = [c for c in candidates if c[0] == imported[name]] or candidates
-        if len(candidates) == 1:
+        module = ROOT / Path(*imported.get(name, "").split("."), name + ".py") if not prefix and name in imported else None
+        if module is not None and module.is_file():  # a whole utils module: ``from utils.mesh import context4d``
+            total += sum(1 for line in module.read_text().splitlines() if line.strip())
+        elif len(candidates) == 1:
             total += candidates[0][1]
         elif (lines := library_source_lines(code, expr)) is not None:
             total += lines

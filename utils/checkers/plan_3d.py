@@ -17,7 +17,7 @@ from ..mesh import parallelize3d
 
 from .. import planner
 from ..sharding.memory import zero_bytes_per_rank
-from ..mesh.parallelize3d import BATCH, HEADS, HIDDEN, LAYERS, SEQ, VOCAB
+from ..mesh.parallelize3d import BATCH
 from .common import GRAD_TOL, CheckResult, LabCheckFailed, close, fail, launch_answer, watched_call
 
 SPACE = dict(micro_batch=(1, 2, 4), v=(1, 2), zero_stage=(0, 1, 2, 3), checkpointing=planner.CHECKPOINTING)

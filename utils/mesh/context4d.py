@@ -19,13 +19,13 @@ the mesh is then ("dp", "pp", "cp", "tp"), tp fastest, Llama 3's order. Three th
 from ..context_parallel.ring import positions as _positions
 from ..context_parallel.ring import ring_attention, shard
 
-__all__ = ["LAYOUT", "ATTENTION", "use_ring_attention", "positions", "shard_batch"]
+__all__ = ["LAYOUT", "ATTENTION", "ring_attention_forward", "use_ring_attention", "positions", "shard_batch", "mesh_4d"]
 
 LAYOUT = "zigzag"  # 2 cp chunks of every sequence: rank r holds r and 2cp-1-r (lesson 14)
 ATTENTION = "course_ring"  # the name our attention function is registered under in Hugging Face's interface
 
 
-def _ring_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+def ring_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """Hugging Face's attention-function signature: (b, heads, s/cp, d) q, k, v -> ((b, s/cp, heads, d), None)."""
     if attention_mask is not None or dropout:
         raise ValueError("ring attention here is causal only, without a mask or dropout: the stage passes neither "
@@ -41,7 +41,7 @@ def _ring_attention_forward(module, query, key, value, attention_mask, dropout=0
 def use_ring_attention(stage, cp_group):
     """Make every attention layer of ``stage`` (a ``LlamaStage``) run ring attention over ``cp_group``."""
     from transformers import AttentionInterface
-    AttentionInterface.register(ATTENTION, _ring_attention_forward)  # a global table; registering twice is harmless
+    AttentionInterface.register(ATTENTION, ring_attention_forward)  # a global table; registering twice is harmless
     for layer in stage.layers.values():
         layer.self_attn.cp_group = cp_group
         layer.self_attn.config._attn_implementation = ATTENTION  # the config the layers share with the model
@@ -55,3 +55,18 @@ def positions(cp_rank, cp, seq_len):
 def shard_batch(x, y, cp_rank, cp):
     """This cp rank's tokens of the (b, s) inputs and targets (the zig-zag chunks, along the sequence)."""
     return tuple(shard(t, cp_rank, cp, LAYOUT, dim=1) for t in (x, y)) if cp > 1 else (x, y)
+
+
+def mesh_4d(world_size, cp=2):
+    """A (dp, pp, cp, tp) mesh with this cp that fits the capstone (the most tp, then pp), and the reasons the
+    others do not: ``(mesh or None, [reason, ...])``."""
+    from .mesh3d import check_mesh, meshes
+    from .parallelize3d import SEQ, SIZES, microbatches
+    reasons = []
+    for dp, pp, tp in sorted(meshes(world_size // cp), key=lambda m: (-m[2], -m[1])) if world_size % cp == 0 else []:
+        try:
+            check_mesh(dp, pp, tp, world_size=world_size, microbatches=microbatches(pp), cp=cp, seq=SEQ, **SIZES)
+            return (dp, pp, cp, tp), reasons
+        except ValueError as err:
+            reasons.append(f"(dp, pp, tp) = {(dp, pp, tp)}: {err}")
+    return None, reasons or [f"{world_size} ranks do not split into cp = {cp} and the rest"]
