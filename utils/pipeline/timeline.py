@@ -207,7 +207,7 @@ def run_stage(stage_module, ops, *, stage, stages, x_mbs=None, y_mbs=None, recv_
 
 
 def draw_gantt(ax, intervals, title="", unit="ms", show_comm=True, label_mb=True):
-    """One row per rank (rank 0 on top): forwards blue, backwards green, recv waits yellow, sends grey;
+    """One row per rank (rank 0 on top): forwards blue, backwards green (B), weight gradients purple (W), recv waits yellow, sends grey;
     white is idle. ``intervals``: measured (seconds, shown in ``unit``) or simulated (``unit=None``)."""
     if not intervals:
         return ax
@@ -217,12 +217,12 @@ def draw_gantt(ax, intervals, title="", unit="ms", show_comm=True, label_mb=True
     for iv in intervals:
         if iv.kind in ("send", "recv") and not show_comm:
             continue
-        height = 0.8 if iv.kind in ("F", "B") else 0.25
+        height = 0.8 if iv.kind in ("F", "B", "W") else 0.25
         y = ranks - 1 - iv.rank
         left, width = (iv.start - t0) * scale, (iv.end - iv.start) * scale
         ax.barh(y, width, left=left, height=height, color=COLORS[iv.kind], edgecolor="white" if height > 0.5 else None,
                 linewidth=0.5, alpha=1.0 if iv.chunk == 0 else 0.6)  # later chunks (interleaved) lighter
-        if label_mb and iv.kind in ("F", "B"):
+        if label_mb and iv.kind in ("F", "B", "W"):
             span = (max(i.end for i in intervals) - t0) * scale
             if width > span / 60:
                 text = str(iv.mb) if iv.chunk == 0 else f"{iv.mb}.{iv.chunk}"
