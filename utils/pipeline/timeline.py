@@ -23,10 +23,10 @@ Every op is recorded as ``Interval(rank, kind, mb, start, end)`` with ``time.per
 clock for all processes of a machine (on GPUs, synchronise before reading it); ``send`` is the
 time to post the ``isend``, ``recv`` the time spent waiting. Idle is what is left.
 
-``costs=(forward_s, backward_s)`` (or ``(forward_s, backward_s, weight_s)``) makes each op take exactly that long: the real (small) compute
-runs, then the rank *sleeps* until the op's fixed duration is up. Sleeping ranks do not compete for
-cores, so p = 4 stages on a 2-core machine give an honest timeline: a **fixed-cost** run, labelled
-as such wherever it is shown.
+``costs=(forward_s, backward_s)`` (or ``(forward_s, backward_s, weight_s)``) makes each op take exactly that
+long: the real (small) compute runs, then the rank *sleeps* until the op's fixed duration is up. Sleeping
+ranks do not compete for cores, so p = 4 stages on a 2-core machine give an honest timeline: a **fixed-cost**
+run, labelled as such wherever it is shown.
 
 ``track_memory=True`` counts the bytes autograd saves for backward (``saved_tensors_hooks``,
 parameters excluded): the activations a stage holds, per micro-batch and at peak.
@@ -207,8 +207,9 @@ def run_stage(stage_module, ops, *, stage, stages, x_mbs=None, y_mbs=None, recv_
 
 
 def draw_gantt(ax, intervals, title="", unit="ms", show_comm=True, label_mb=True):
-    """One row per rank (rank 0 on top): forwards blue, backwards green (B), weight gradients purple (W), recv waits yellow, sends grey;
-    white is idle. ``intervals``: measured (seconds, shown in ``unit``) or simulated (``unit=None``)."""
+    """One row per rank (rank 0 on top): forwards blue, backwards green (B), weight gradients purple (W), recv
+    waits yellow, sends grey; white is idle. ``intervals``: measured (seconds, shown in ``unit``) or simulated
+    (``unit=None``)."""
     if not intervals:
         return ax
     t0 = min(iv.start for iv in intervals)
