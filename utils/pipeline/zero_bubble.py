@@ -115,13 +115,14 @@ def torch_order(actions, stage_to_chunk: dict[int, int]) -> list[tuple]:
     """One rank's ``schedule.pipeline_order[rank]`` in our conventions: torch's F, I (input gradient:
     our B), W and B (a whole backward) as ("F" | "B" | "W", mb, chunk); idle slots (None) dropped.
     Raises for an op our simulator does not know (DualPipeV's overlapped F and B)."""
-    names = {"F": "F", "I": "B", "W": "W"}
+    names = {"FORWARD": "F", "BACKWARD_INPUT": "B", "BACKWARD_WEIGHT": "W"}  # by name: their values changed over versions
     ops = []
     for a in actions:
         if a is None:
             continue
-        kind = a.computation_type.value
+        kind = a.computation_type.name
         if kind not in names:
-            raise ValueError(f"{a!r}: torch op {kind!r} is not one of F, I, W; this order does not map onto ours.")
+            raise ValueError(f"{a!r}: torch op {kind} is not one of {', '.join(names)}; this order does not map onto "
+                             "ours.")
         ops.append((names[kind], a.microbatch_index, stage_to_chunk[a.stage_index]))
     return ops
