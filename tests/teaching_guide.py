@@ -75,6 +75,10 @@ NOTES = {
                             "the schedule explorer; activation memory; interleaved 1F1B",
                             "Why is the measured bubble larger than the formula on a loaded machine? What does "
                             "interleaving cost?"),
+    "06c_zero_bubble": ("B and W computed apart on a linear layer, equal to autograd; ZB-H1 beside 1F1B in the simulator",
+                        "the memory count per stage; torch's ZBV and DualPipeV against one process",
+                        "Why can W wait and B not? Why does ZB-H1 not raise the per-device peak memory, and what "
+                        "does it raise?"),
     "07a_deepspeed_config": ("the tutorial example that cannot run, then `deepspeed.initialize` that does",
                              "the config checker; what `auto_cast` casts",
                              "Why does DeepSpeed not complain about a misspelt key? Why no C++ op compiled here?"),

@@ -1,6 +1,7 @@
 """Pipeline parallelism (lesson 06): ``schedules`` (schedules as op lists, GPipe, 1F1B, interleaved, their
 simulator, the bubble formula and the plan checks; its names are re-exported here), ``timeline`` (a schedule
-run on stage ranks with send/recv, every op timed, drawn as a Gantt chart).
+run on stage ranks with send/recv, every op timed, drawn as a Gantt chart), ``zero_bubble`` (the backward split into
+input and weight gradients, ZB-H1's order and bubble, torch's zero-bubble schedules; notebook 06c).
 """
 
 from .schedules import (SCHEDULES, Interval, PipelineDeadlock, bubble_at_cost, bubble_fraction, check_ranks,

@@ -8,7 +8,9 @@ is the schedule the notebook ran.
 A *schedule* is one list of ops per stage rank, executed in order. An op is a tuple
 ``("F", mb)`` or ``("B", mb)``: forward or backward of micro-batch ``mb`` through this rank's
 stage; interleaved schedules add the model chunk, ``("F", mb, chunk)``, and rank r then holds the
-virtual stages r, r + p, r + 2p, ... (Narayanan et al., 2021, arXiv 2104.04473). Communication
+virtual stages r, r + p, r + 2p, ... (Narayanan et al., 2021, arXiv 2104.04473). Zero-bubble schedules
+(``utils.pipeline.zero_bubble``, notebook 06c) split the backward: ``("B", mb)`` is then the input
+gradient only and ``("W", mb)`` the weight gradient, which needs this stage's B of mb. Communication
 is implied: a forward on stage s > 0 first receives its input from stage s - 1, a backward on
 stage s < last first receives its output gradient from stage s + 1.
 
@@ -121,14 +123,16 @@ def bubble_fraction(stages: int, microbatches: int, chunks: int = 1) -> float:
 
 
 def peak_in_flight(ops: list[tuple]) -> int:
-    """Most micro-batch chunks whose forward ran and whose backward has not yet: activations held."""
-    held, peak = set(), 0
+    """Most micro-batch chunks whose forward ran and whose backward has not yet: activations held.
+    With the backward split (W ops in the list), a micro-batch is held until its W: the weight
+    gradient needs the stage's saved inputs and the output gradient."""
+    held, peak, done = set(), 0, "W" if any(op[0] == "W" for op in ops) else "B"
     for op in ops:
         key = (op[1], op[2] if len(op) > 2 else 0)
         if op[0] == "F":
             held.add(key)
             peak = max(peak, len(held))
-        else:
+        elif op[0] == done:
             held.discard(key)
     return peak
 
@@ -148,11 +152,13 @@ class Interval:
 
 
 def simulate(orders: list[list[tuple]], forward: float = 1.0, backward: float = 1.0, comm: float = 0.0,
-             chunks: int | None = None) -> list[Interval]:
+             chunks: int | None = None, weight: float = 0.0, placement: str = "loop") -> list[Interval]:
     """Run the op lists with fixed costs: each rank executes its ops in order, an op starts when the rank is
     free and its inputs have arrived (``comm`` after the op that produced them on another rank).
 
-    ``forward`` and ``backward`` are the costs of a whole stage; a chunk costs 1/v of them. Sends are
+    ``forward`` and ``backward`` are the costs of a whole stage; a chunk costs 1/v of them; ``weight`` is a W
+    op's (the backward split, W after B on the same rank). ``placement="v"`` puts chunk 1 of rank r on stage
+    2p - 1 - r (the V of torch's ZBV schedule; v = 2) instead of p + r. Sends are
     asynchronous (buffered), as with ``isend``: only a receive waits. Raises ``PipelineDeadlock`` when
     no rank can go on, and ``ValueError`` when an op is missing, repeated or unknown.
     """
@@ -160,9 +166,12 @@ def simulate(orders: list[list[tuple]], forward: float = 1.0, backward: float = 
     v = chunks or 1 + max((op[2] for ops in orders for op in ops if len(op) > 2), default=0)
     last = p * v - 1
     _check_complete(orders, p, v)
+    if placement not in ("loop", "v") or (placement == "v" and v != 2):
+        raise ValueError(f"placement {placement!r} with {v} chunks: use 'loop', or 'v' with 2 chunks per rank.")
 
     def vstage(rank, op):
-        return (op[2] if len(op) > 2 else 0) * p + rank
+        chunk = op[2] if len(op) > 2 else 0
+        return 2 * p - 1 - rank if placement == "v" and chunk else chunk * p + rank
 
     done, free, pos, out = {}, [0.0] * p, [0] * p, []  # done[(kind, mb, vstage)] = (end, rank)
 
@@ -172,6 +181,8 @@ def simulate(orders: list[list[tuple]], forward: float = 1.0, backward: float = 
         needs = [("F", mb, vs - 1)] if kind == "F" and vs > 0 else []
         if kind == "B":
             needs = [("F", mb, vs)] + ([("B", mb, vs + 1)] if vs < last else [])
+        if kind == "W":
+            needs = [("B", mb, vs)]
         t = 0.0
         for need in needs:
             if need not in done:
@@ -189,7 +200,7 @@ def simulate(orders: list[list[tuple]], forward: float = 1.0, backward: float = 
                 if t is None:
                     break
                 start = max(free[r], t)
-                end = start + (forward if op[0] == "F" else backward) / v
+                end = start + {"F": forward, "B": backward, "W": weight}[op[0]] / v
                 done[(op[0], op[1], vstage(r, op))] = (end, r)
                 out.append(Interval(r, op[0], op[1], start, end, op[2] if len(op) > 2 else 0))
                 free[r], pos[r], progressed = end, pos[r] + 1, True
@@ -204,17 +215,18 @@ def simulate(orders: list[list[tuple]], forward: float = 1.0, backward: float = 
 
 def _name(need, p):
     kind, mb, vs = need
-    return f"{'forward' if kind == 'F' else 'backward'} of micro-batch {mb} on stage {vs}" + (
+    return f"{ {'F': 'forward', 'B': 'backward', 'W': 'weight gradient'}[kind]} of micro-batch {mb} on stage {vs}" + (
         f" (rank {vs % p})" if vs >= p else "")
 
 
 def _check_complete(orders, p, v):
-    """Every (F|B, micro-batch, chunk) exactly once per rank, the same micro-batches everywhere."""
+    """Every (F|B, micro-batch, chunk) exactly once per rank, the same micro-batches everywhere (and W: none, or one
+    per B)."""
     ms = set()
     for r, ops in enumerate(orders):
         seen = set()
         for op in ops:
-            if not (isinstance(op, tuple) and len(op) in (2, 3) and op[0] in ("F", "B")):
+            if not (isinstance(op, tuple) and len(op) in (2, 3) and op[0] in ("F", "B", "W")):
                 raise ValueError(f"rank {r}: {op!r} is not an op; use ('F', mb) or ('B', mb) (or ('F', mb, chunk)).")
             key = (op[0], op[1], op[2] if len(op) > 2 else 0)
             if key in seen:
@@ -227,21 +239,25 @@ def _check_complete(orders, p, v):
     for r, ops in enumerate(orders):
         fs = {(op[1], op[2] if len(op) > 2 else 0) for op in ops if op[0] == "F"}
         bs = {(op[1], op[2] if len(op) > 2 else 0) for op in ops if op[0] == "B"}
+        ws = {(op[1], op[2] if len(op) > 2 else 0) for op in ops if op[0] == "W"}
         if fs != bs:
             raise ValueError(f"rank {r}: forwards without a backward or backwards without a forward: "
                              f"{sorted(fs ^ bs)}.")
+        if ws and ws != bs:
+            raise ValueError(f"rank {r}: a split backward needs one W per B: {sorted(ws ^ bs)} lack one.")
 
 
 def idle_fraction(intervals: list[Interval]) -> float:
-    """1 - (time in F and B, summed over ranks) / (ranks x span); span = first start to last end, any rank."""
-    work = [iv for iv in intervals if iv.kind in ("F", "B")]
+    """1 - (time in F, B and W, summed over ranks) / (ranks x span); span = first start to last end, any rank."""
+    work = [iv for iv in intervals if iv.kind in ("F", "B", "W")]
     ranks = len({iv.rank for iv in intervals})
     span = max(iv.end for iv in intervals) - min(iv.start for iv in intervals)
     return 1.0 - sum(iv.end - iv.start for iv in work) / (ranks * span)
 
 
-def bubble_at_cost(intervals: list[Interval], forward: float, backward: float) -> float:
-    """The bubble of a step counted with each forward costing ``forward`` and each backward ``backward``:
+def bubble_at_cost(intervals: list[Interval], forward: float, backward: float, weight: float = 0.0) -> float:
+    """The bubble of a step counted with each forward costing ``forward``, each backward ``backward`` (each W
+    ``weight``):
     1 - (those costs, summed over the F and B ops of all ranks) / (ranks x span).
 
     With the fixed costs of a fixed-cost run, or the fastest op times ever measured on real compute,
@@ -251,7 +267,8 @@ def bubble_at_cost(intervals: list[Interval], forward: float, backward: float) -
     counts the work as timed instead: a preempted op is timed as busy, and its idle share can fall
     *below* the formula (notebook 06b shows both).
     """
-    work = sum(forward if iv.kind == "F" else backward for iv in intervals if iv.kind in ("F", "B"))
+    costs = {"F": forward, "B": backward, "W": weight}
+    work = sum(costs[iv.kind] for iv in intervals if iv.kind in costs)
     ranks = len({iv.rank for iv in intervals})
     span = max(iv.end for iv in intervals) - min(iv.start for iv in intervals)
     return 1.0 - work / (ranks * span)
@@ -262,7 +279,7 @@ def start_shift(measured: list[Interval], simulated: list[Interval]) -> float:
     F or B op (the same rank, kind and micro-batch) and its simulated start, both counted from their first
     F or B, as a share of the simulated span. 0 for a timeline that is the simulation's, op for op."""
     def starts(intervals):
-        ops = [iv for iv in intervals if iv.kind in ("F", "B")]
+        ops = [iv for iv in intervals if iv.kind in ("F", "B", "W")]
         t0 = min(iv.start for iv in ops)
         return {(iv.rank, iv.kind, iv.mb, iv.chunk): iv.start - t0 for iv in ops}
     got, want = starts(measured), starts(simulated)

@@ -15,15 +15,18 @@ lab's checker (``utils.checkers.pipeline_schedule``) runs the learner's op lists
 - **B, mb**: the last stage calls ``loss.backward()``; the others receive the gradient of their
   output from stage s + 1 and call ``output.backward(grad)``. The gradient of the stage's input
   goes back to stage s - 1 (``isend``).
+- **split backward** (the list has ``("W", mb)`` ops, notebook 06c): B computes only the gradient of the
+  stage's input (``backward(inputs=[x], retain_graph=True)``), sends it, and keeps the graph and the output
+  gradient; **W, mb** then computes the weight gradients (``backward(inputs=parameters)``) and frees them.
 
 Every op is recorded as ``Interval(rank, kind, mb, start, end)`` with ``time.perf_counter()``, one
 clock for all processes of a machine (on GPUs, synchronise before reading it); ``send`` is the
 time to post the ``isend``, ``recv`` the time spent waiting. Idle is what is left.
 
-``costs=(forward_s, backward_s)`` makes each op take exactly that long: the real (small) compute
-runs, then the rank *sleeps* until the op's fixed duration is up. Sleeping ranks do not compete for
-cores, so p = 4 stages on a 2-core machine give an honest timeline: a **fixed-cost** run, labelled
-as such wherever it is shown.
+``costs=(forward_s, backward_s)`` (or ``(forward_s, backward_s, weight_s)``) makes each op take exactly that
+long: the real (small) compute runs, then the rank *sleeps* until the op's fixed duration is up. Sleeping
+ranks do not compete for cores, so p = 4 stages on a 2-core machine give an honest timeline: a **fixed-cost**
+run, labelled as such wherever it is shown.
 
 ``track_memory=True`` counts the bytes autograd saves for backward (``saved_tensors_hooks``,
 parameters excluded): the activations a stage holds, per micro-batch and at peak.
@@ -38,7 +41,7 @@ import torch.distributed as dist
 
 from .schedules import Interval
 
-COLORS = {"F": "#4C72B0", "B": "#55A868", "send": "#C0C0C0", "recv": "#E0B040"}
+COLORS = {"F": "#4C72B0", "B": "#55A868", "W": "#8172B2", "send": "#C0C0C0", "recv": "#E0B040"}
 
 
 class _Recorder:
@@ -106,7 +109,9 @@ def run_stage(stage_module, ops, *, stage, stages, x_mbs=None, y_mbs=None, recv_
     first, last, m = stage == 0, stage == stages - 1, len({op[1] for op in ops})
     rec, counter = _Recorder(stage, device), (_ActivationCounter(stage_module) if track_memory else None)
     inputs, outputs, losses, pending, posted = {}, {}, {}, [], {}
-    forward_cost, backward_cost = costs if costs is not None else (None, None)
+    forward_cost, backward_cost, weight_cost = (*costs, None)[:3] if costs is not None else (None, None, None)
+    split = any(op[0] == "W" for op in ops)  # zero-bubble: B is the input gradient, W the weight gradient
+    params, held_grads = [q for q in stage_module.parameters() if q.requires_grad], {}
     # Early receives only on gloo: NCCL runs the p2p ops between two ranks in order on one stream, so an early
     # irecv of a gradient would queue our own isend of the activation (that the gradient needs) behind it.
     early = dist.get_backend() == "gloo"
@@ -124,6 +129,12 @@ def run_stage(stage_module, ops, *, stage, stages, x_mbs=None, y_mbs=None, recv_
             return
         posted[i] = (buf, dist.irecv(buf, src, tag=mb))
 
+    def post_next(i):
+        """Post the receive of the next op after op i that receives (a W receives nothing: look past it)."""
+        while i + 1 < len(ops) and ops[i + 1][0] == "W":
+            i += 1
+        post_recv(i + 1)
+
     def receive(i):
         post_recv(i)
         buf, work = posted.pop(i)
@@ -136,7 +147,7 @@ def run_stage(stage_module, ops, *, stage, stages, x_mbs=None, y_mbs=None, recv_
         if kind == "F":
             x = x_mbs[mb] if first else receive(i).requires_grad_()  # a leaf: backward stops here, leaves x.grad
             if early:
-                post_recv(i + 1)
+                post_next(i)
             with rec.op("F", mb, forward_cost):
                 if counter:
                     counter.mb = mb
@@ -159,18 +170,34 @@ def run_stage(stage_module, ops, *, stage, stages, x_mbs=None, y_mbs=None, recv_
                 raise RuntimeError(f"stage {stage}: backward of micro-batch {mb} before its forward (or twice).")
             grad = None if last else receive(i)  # d loss / d (our output), from stage s + 1
             if early:
-                post_recv(i + 1)
+                post_next(i)
             with rec.op("B", mb, backward_cost):
-                outputs[mb].backward(grad)
+                if not split:
+                    outputs[mb].backward(grad)
+                elif not first:  # input gradient only; stage 0 has no input gradient to compute
+                    outputs[mb].backward(grad, inputs=[inputs[mb]], retain_graph=True)
             if not first:
                 with rec.op("send", mb):
                     pending.append(dist.isend(inputs[mb].grad, stage - 1, tag=mb))
-            del outputs[mb]  # frees the graph: this micro-batch's activations are gone
+            if split:
+                held_grads[mb] = grad  # W needs it, and the graph: both stay alive until W
+            else:
+                del outputs[mb]  # frees the graph: this micro-batch's activations are gone
+                inputs.pop(mb)
+                if counter:
+                    counter.release(mb)
+        elif kind == "W" and split:
+            if mb not in held_grads:
+                raise RuntimeError(f"stage {stage}: weight gradient of micro-batch {mb} before its B (or twice).")
+            with rec.op("W", mb, weight_cost):
+                outputs.pop(mb).backward(held_grads.pop(mb), inputs=params)  # accumulates into .grad
             inputs.pop(mb)
             if counter:
                 counter.release(mb)
+            if early:
+                post_next(i)
         else:
-            raise ValueError(f"stage {stage}: unknown op {op!r}; use ('F', mb) or ('B', mb).")
+            raise ValueError(f"stage {stage}: unknown op {op!r}; use ('F', mb), ('B', mb) or ('W', mb).")
     for work in pending:  # every isend must complete before its buffer may be freed
         work.wait()
     result = {"intervals": rec.intervals, "losses": [losses[k] for k in sorted(losses)]}
@@ -180,8 +207,9 @@ def run_stage(stage_module, ops, *, stage, stages, x_mbs=None, y_mbs=None, recv_
 
 
 def draw_gantt(ax, intervals, title="", unit="ms", show_comm=True, label_mb=True):
-    """One row per rank (rank 0 on top): forwards blue, backwards green, recv waits yellow, sends grey;
-    white is idle. ``intervals``: measured (seconds, shown in ``unit``) or simulated (``unit=None``)."""
+    """One row per rank (rank 0 on top): forwards blue, backwards green (B), weight gradients purple (W), recv
+    waits yellow, sends grey; white is idle. ``intervals``: measured (seconds, shown in ``unit``) or simulated
+    (``unit=None``)."""
     if not intervals:
         return ax
     t0 = min(iv.start for iv in intervals)
@@ -190,12 +218,12 @@ def draw_gantt(ax, intervals, title="", unit="ms", show_comm=True, label_mb=True
     for iv in intervals:
         if iv.kind in ("send", "recv") and not show_comm:
             continue
-        height = 0.8 if iv.kind in ("F", "B") else 0.25
+        height = 0.8 if iv.kind in ("F", "B", "W") else 0.25
         y = ranks - 1 - iv.rank
         left, width = (iv.start - t0) * scale, (iv.end - iv.start) * scale
         ax.barh(y, width, left=left, height=height, color=COLORS[iv.kind], edgecolor="white" if height > 0.5 else None,
                 linewidth=0.5, alpha=1.0 if iv.chunk == 0 else 0.6)  # later chunks (interleaved) lighter
-        if label_mb and iv.kind in ("F", "B"):
+        if label_mb and iv.kind in ("F", "B", "W"):
             span = (max(i.end for i in intervals) - t0) * scale
             if width > span / 60:
                 text = str(iv.mb) if iv.chunk == 0 else f"{iv.mb}.{iv.chunk}"
