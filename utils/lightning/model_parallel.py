@@ -8,9 +8,9 @@ it to ``configure_model`` as ``self.device_mesh``. Lightning applies no parallel
 module does, from outside the model, in a fixed order (torchtitan's): tensor parallelism on the
 "tensor_parallel" sub-mesh first, then FSDP2 on the "data_parallel" one (when d > 1).
 
-``toy_tp_plan`` is Megatron's split of lesson 05 applied to the course's ``ToyNet`` with
-``parallelize_module``: every matrix is split across the t ranks, the hidden activations travel
-split along their features, and the tied ``mix1``/``mix2`` weight is split the *same* way in both
+``utils.tensor_parallel.toy_plan.apply_toy_tp`` is Megatron's split of lesson 05 applied to the course's
+``ToyNet`` with ``parallelize_module``: every matrix is split across the t ranks, the hidden activations
+travel split along their features, and the tied ``mix1``/``mix2`` weight is split the *same* way in both
 layers, so it can stay one tensor. ``LitToyTP`` is ``LitToy`` with that ``configure_model`` and a
 loader that splits the data over the data-parallel ranks only (every tensor-parallel rank of a
 group must see the same samples). ``fit_tp_in_ranks`` runs it inside ``run_ranks``.
@@ -21,46 +21,10 @@ from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ..sharding.fsdp2 import shard_with_fsdp2
+from ..tensor_parallel.toy_plan import apply_toy_tp
 from .toy import LitToy, quiet_trainer
 
-__all__ = ["LitToyTP", "apply_toy_tp", "fit_tp_in_ranks", "toy_tp_plan"]
-
-
-def toy_tp_plan():
-    """The plan for ``ToyNet``, keyed by module path: (batch, features) activations, t tensor-parallel ranks.
-
-    embed: column-parallel, its output stays split: (batch, hidden/t) on each rank;
-    mix1, mix2: column-parallel on an input that arrives split (``Shard(-1)``): all-gather it to (batch, hidden),
-    multiply by this rank's hidden/t rows, give (batch, hidden/t), the same features as the residual h holds;
-    head: row-parallel: (batch, hidden/t) @ its hidden/t columns -> partial logits, all-reduced to (batch, classes).
-    """
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    return {"embed": ColwiseParallel(),
-            "mix1": ColwiseParallel(input_layouts=Shard(-1)),
-            "mix2": ColwiseParallel(input_layouts=Shard(-1)),
-            "head": RowwiseParallel()}
-
-
-def apply_toy_tp(net, tp_mesh):
-    """``parallelize_module(net, tp_mesh, toy_tp_plan())``, then the tie restored: mix2's weight IS mix1's again.
-
-    ``parallelize_module`` replaces each layer's weight by a new ``DTensor`` parameter, layer by layer, so after it
-    mix1 and mix2 hold two equal copies. Both are column-parallel (``Shard(0)`` rows), so one copy can serve both:
-    we point mix2 at mix1's, and its gradient again sums the two uses, as in the one-process model.
-    """
-    from torch.distributed.tensor.parallel import parallelize_module
-
-    t = tp_mesh.size()
-    if net.embed.out_features % t:
-        raise ValueError(f"hidden size {net.embed.out_features} is not divisible by tensor-parallel degree {t}; "
-                         f"use a divisor of it")
-    if net.mix2.weight is not net.mix1.weight:
-        raise ValueError("apply_toy_tp expects ToyNet's tied mix1/mix2 weight")
-    parallelize_module(net, tp_mesh, toy_tp_plan())
-    net.mix2.weight = net.mix1.weight  # one DTensor, two layers: the tie of the one-process model
-    return net
+__all__ = ["LitToyTP", "fit_tp_in_ranks"]
 
 
 class LitToyTP(LitToy):
@@ -88,10 +52,11 @@ def fit_tp_in_ranks(train_data, tp_size, steps, global_batch, lr):
     """In every rank of ``run_ranks``: ``steps`` SGD steps of ``LitToyTP`` under
     ``ModelParallelStrategy(data_parallel_size=world/tp_size, tensor_parallel_size=tp_size)``, on CPU.
 
-    Returns this rank's micro-batch losses, the full final weights (``DTensor.full_tensor()``), what each
+    Returns this rank's losses (of its data-parallel group's slice), its data-parallel rank, the full final weights (``DTensor.full_tensor()``), what each
     parameter is on this rank (placements, local shape) and the bytes it holds.
     """
     import logging
+    import warnings
 
     from lightning.pytorch.strategies import ModelParallelStrategy
 
@@ -101,6 +66,9 @@ def fit_tp_in_ranks(train_data, tp_size, steps, global_batch, lr):
     # full_tensor() of a 2-D (FSDP2 x TP) parameter gathers in two steps, and DTensor warns that one would be
     # faster: true, and beside the point for a check done once at the end
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    # FSDP2 (data-parallel size > 1) warns that a module returned a view, which an in-place op could spoil;
+    # ToyNet adds out of place (h = h + ...), so the warning is about a bug this model does not have
+    warnings.filterwarnings("ignore", ".*returned a view tensor.*")
     world = dist.get_world_size()
     if world % tp_size:
         raise ValueError(f"{world} ranks do not split into tensor-parallel groups of {tp_size}; use a divisor of {world}")
@@ -113,6 +81,6 @@ def fit_tp_in_ranks(train_data, tp_size, steps, global_batch, lr):
     full = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu() for k, v in state.items()}
     layout = {k: (str(tuple(v.placements)), tuple(v.to_local().shape)) if isinstance(v, DTensor) else ("plain", tuple(v.shape))
               for k, v in state.items()}
-    return dict(losses=model.losses, state=full, layout=layout, bytes=model.held_bytes(),
+    return dict(losses=model.losses, dp_rank=strategy.device_mesh["data_parallel"].get_local_rank(), state=full, layout=layout, bytes=model.held_bytes(),
                 mesh=dict(zip(strategy.device_mesh.mesh_dim_names, strategy.device_mesh.shape)),
                 backend=dist.get_backend(), tied=model.net.mix2.weight is model.net.mix1.weight)
