@@ -95,6 +95,12 @@ NOTES = {
     "08b_lightning_speedups": ("one speed-up measured alone, beside its claim",
                                "the others; the GPU benchmark where a GPU is present",
                                "Why does a speed-up measured on a CPU not transfer to a GPU (and the reverse)?"),
+    "08c_lightning_accumulation_and_tp": ("`accumulate_grad_batches` equal to the large batch, and its one all-reduce "
+                                          "per step under DDP",
+                                          "tensor parallelism in `configure_model` under `ModelParallelStrategy`; "
+                                          "`fsdp`/`deepspeed` on a GPU",
+                                          "How does accumulation differ from a pipeline's micro-batches? Why must the "
+                                          "tied weight be split the same way in both layers?"),
     "09a_3d_mesh": ("one `DeviceMesh` with dp, pp, tp and the fixed order of wrapping",
                     "every mesh of the world size, equal to one process",
                     "Why tensor parallelism inside a node and pipelines across nodes? Why this wrapping order?"),

@@ -12,8 +12,9 @@ With ``--strategy ddp`` (the default) Lightning starts the other ranks itself, b
 same file again with ``LOCAL_RANK`` set: that is why ``ddp`` needs a script and is refused in a
 notebook kernel, where ``ddp_notebook`` forks its ranks instead. Under ``torchrun`` the processes
 already exist (``LOCAL_RANK`` is set) and Lightning only joins them; in a notebook,
-``ModelParallelStrategy`` does the same inside ``utils.run_ranks`` (``ddp`` is refused there too:
-it always installs its launcher).
+``ModelParallelStrategy`` does the same inside ``utils.run_ranks``, and so does ``ddp``: it always installs
+its script launcher, but the launcher starts no children when ``LOCAL_RANK`` is set (lesson 08c trains
+under ``ddp`` inside ``run_ranks``). Only a ``Trainer(strategy="ddp")`` built in a notebook kernel is refused.
 """
 
 import argparse
