@@ -13,6 +13,15 @@ from utils.sharding.activation_memory import KeptBytes, saved_bytes
 B, S = 2, 8  # a small batch: the counts are exact at any size
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny ops: one thread (on a busy 2-core machine the second one waits for a core); restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module", params=["sdpa", "eager"])
 def capstone(request):
     """The capstone's tiny Llama (lesson 09), its layers, an input and the rotary embedding for S tokens."""

@@ -11,8 +11,6 @@ inputs elsewhere (DeepSpeed's reentrant ``ctx.deepspeed_saved_tensors``), or run
 
 from __future__ import annotations
 
-import gc
-
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -47,7 +45,9 @@ class KeptBytes(TorchDispatchMode):
     Every operation's new storage is recorded with a weak reference (``StorageWeakRef``: it does not keep the
     storage alive); a view shares its input's storage and is not new. ``tag`` labels what runs next (e.g. the
     layer index). ``kept(exclude)``: [(bytes, op, shape, dtype, tag)] of the recorded storages still alive,
-    leaving out those of the tensors in ``exclude`` (the output, which the caller holds anyway)."""
+    leaving out those of the tensors in ``exclude`` (the output, which the caller holds anyway). A storage held
+    only by a Python reference cycle counts until the garbage collector runs (no forward here makes one; call
+    ``gc.collect()`` first where one might: it takes most of a second with ``transformers`` imported)."""
 
     def __init__(self):
         super().__init__()
@@ -67,6 +67,5 @@ class KeptBytes(TorchDispatchMode):
         return out
 
     def kept(self, exclude=()):
-        gc.collect()  # Python's cycles (rare in a forward) would otherwise keep dead storages on the books
         skip = {t.untyped_storage().data_ptr() for t in exclude}
         return [rest for ptr, (ref, *rest) in self.made.items() if not ref.expired() and ptr not in skip]
