@@ -108,6 +108,11 @@ NOTES = {
                                  "the planner against published figures; the exercises",
                                  "Why does the planner's memory differ from a real GPU's? (allocator, fragmentation, "
                                  "kernels' workspaces: it states what it leaves out.)"),
+    "09c_activation_recompute": ("none, full and selective checkpointing of the capstone's layers: bytes kept and "
+                                 "FLOPs, exactly the planner's terms",
+                                 "the time of each mode; Llama-2-7B with eager and flash attention; the exercises",
+                                 "Why does selective recompute save nothing with flash attention? Why do saved-tensor "
+                                 "hooks miss what selective checkpointing keeps?"),
     "10_torchrun_and_slurm": ("torchrun started from the notebook with a timeout; two agents as two nodes",
                               "the fake Slurm job's environment; the sbatch template",
                               "How do the nodes find each other (rendezvous)? Why does killing torchrun's process "

@@ -42,15 +42,16 @@ SHAPE = ModelShape(layers=LAYERS, hidden=HIDDEN, heads=HEADS, vocab=VOCAB, seq_l
                    dropout=False)  # the model below, as the planner describes a model (lessons 09b and 14, lab 09)
 
 
-def make_model(seed=0):
+def make_model(seed=0, attn_implementation="sdpa"):
     """The tiny ``LlamaForCausalLM``: 4 layers, hidden 32, 4 heads, vocabulary 32, tied embeddings; no download.
 
-    Every rank calls it with the same seed, builds the same full model, then keeps its part."""
+    Every rank calls it with the same seed, builds the same full model, then keeps its part. Lesson 09c also
+    builds it with ``attn_implementation="eager"`` (attention as matmul + softmax, its scores kept)."""
     from transformers import LlamaConfig, LlamaForCausalLM  # heavy import: only when a model is built
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=LAYERS,
                          num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=SEQ,
-                         tie_word_embeddings=True, attn_implementation="sdpa")  # sdpa: causal when no mask is given
+                         tie_word_embeddings=True, attn_implementation=attn_implementation)  # sdpa: causal when no mask is given
     return LlamaForCausalLM(config)
 
 

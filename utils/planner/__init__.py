@@ -25,7 +25,10 @@ added three named terms: the tp collectives at the ends of the model (``tp_end_b
 gradient all-reduce between first and last stage (``bytes_per_step["tied"]``), and ZeRO-2/3 inside a pipeline
 keeping the weights gathered and the gradients unreduced over the micro-batches (``dp_bytes(pipelined=True)``
 measured; ``Memory.gathered`` from FSDP2's source, not measured), and full recompute's tp replay (``tp_bytes``:
-3 s b h (t-1)/t values more per layer and micro-batch with sequence parallelism, measured).
+3 s b h (t-1)/t values more per layer and micro-batch with sequence parallelism, measured). Lesson 09c measured the
+activations a layer keeps (none, full, selective), exactly, and added ``ModelShape.attention`` ("flash": no scores
+kept) and ``fused_kernels`` (False: Hugging Face's plain RMSNorm and SwiGLU keep more), and full recompute's early
+stop in the FLOPs.
 What is left out, on purpose: the loss's own small reductions under vocab-parallel cross-entropy, Adam's step
 counters (a few bytes per parameter tensor), attention with a KV cache, offload, overlap of communication with compute (every byte here waits), and the
 allocator's caches and fragmentation (a real peak is higher).

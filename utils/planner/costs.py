@@ -71,15 +71,26 @@ def layer_activation_bytes(model: ModelShape, micro_batch: int, tp: int = 1, seq
     "Reducing Activation Recomputation in Large Transformer Models", Table 2 (16-bit, ffn = 4h, dropout):
     sbh(34 + 5as/h) without parallelism; sbh(10 + 24/t + 5as/(ht)) with tp; sbh/t (34 + 5as/h) with sequence
     parallelism; the 5as/h score term gone with selective recompute; 2sbh (the layer's input) with full recompute.
-    Written term by term so that GQA, a gated MLP, no dropout and fp32 (``element_bytes=4``) follow the same count."""
+    Written term by term so that GQA, a gated MLP, no dropout and fp32 (``element_bytes=4``) follow the same count.
+    Two corrections measured in lesson 09c on the capstone's Hugging Face Llama (exact, fp32): with
+    ``attention="flash"`` the scores are never kept, the kernel keeps 4 a s b bytes of log-sum-exp instead (and
+    selective recompute has nothing left to drop); with ``fused_kernels=False`` each RMSNorm keeps its normalized
+    copy (e sbh) and 1/rms (4 sb), and the SwiGLU its silu(gate) (e sbf): 4 + 2/h more e sbh in fp32 for a
+    Llama layer of f = 2h."""
     s, b, h, a, e = model.seq_len, micro_batch, model.hidden, model.heads, element_bytes
     sbh, kv, mask = s * b * h, model.kv_heads / model.heads, int(model.dropout)
     f = (model.top_k * model.expert_ffn if model.n_experts else model.ffn_hidden) / h  # MoE: k experts' MLPs a token
     if checkpointing == "full":
         return e * sbh / (tp if sequence_parallel else 1)
-    replicated = 4 * e + 2 * mask  # two norm inputs, QKV input, MLP input (e each) + two dropout masks: 10 sbh
-    split = e * (2 + 2 * kv) + (3 if model.gated_mlp else 2) * e * f  # Q, K, V, proj input; MLP: 24 sbh
-    scores = 0 if checkpointing == "selective" else (2 * e + mask if model.dropout else e) * a * s / h  # 5as/h
+    eager = not model.fused_kernels
+    norms = 2 * (e + 4 / h) if eager and model.norm == "rmsnorm" else 0  # normalized copy + 1/rms, two norms
+    replicated = 4 * e + 2 * mask + norms  # two norm inputs, QKV input, MLP input (e each) + two dropout masks: 10 sbh
+    mlp = (4 if eager else 3) if model.gated_mlp else 2  # gate, up, (silu(gate)), down input; GeLU: input, down input
+    split = e * (2 + 2 * kv) + mlp * e * f  # Q, K, V, proj input; MLP: 24 sbh
+    if model.attention == "flash":
+        scores = 4 * a / h  # the kernel's log-sum-exp, fp32: 4 a s b bytes, whatever the recompute
+    else:
+        scores = 0 if checkpointing == "selective" else (2 * e + mask if model.dropout else e) * a * s / h  # 5as/h
     return sbh * ((replicated + split + scores) / tp if sequence_parallel else replicated + (split + scores) / tp)
 
 
@@ -177,9 +188,12 @@ def flops_per_token(model: ModelShape, checkpointing: str = "none") -> tuple[flo
     Table 1, row "Attention: Mask", count one of the two matmuls' worth, half of it), i.e. Korthikanti et al. 2022's
     72 B s L h^2 (1 + s/6h + V/12hL) per step for GPT. Hardware adds what recompute runs again: the layers'
     forward with full recompute (Narayanan et al. 2021, Eq. (3): 96 B s l h^2 (1 + s/6h + V/16lh)), the
-    attention-score forward 4 L h s with selective recompute."""
+    attention-score forward 4 L h s with selective recompute. Full recompute, measured in lesson 09c: torch's
+    non-reentrant checkpoint stops the replay once it has rebuilt what backward needs, before a dense layer's
+    last matmul (the MLP's down projection only feeds the residual sum), so it replays the forward less 2 L h f."""
     L, h, s = model.layers, model.hidden, model.seq_len
     forward = 2 * L * layer_matrices(model, active=True) + 4 * L * h * s
     model_flops = 3 * forward + 6 * model.vocab * h
-    extra = {"none": 0, "selective": 4 * L * h * s, "full": forward}[checkpointing]
+    early_stop = 0 if model.n_experts else 2 * L * h * model.ffn_hidden  # MoE: the router's sum needs the outputs
+    extra = {"none": 0, "selective": 4 * L * h * s, "full": forward - early_stop}[checkpointing]
     return model_flops, model_flops + extra

@@ -44,6 +44,13 @@ class ModelShape:
     biases: bool = True  # biases on the linear layers
     positions: str = "learned"  # or "rope" (no parameters)
     dropout: bool = True  # dropout masks are activations too (1 byte per element)
+    # What the layer's kernels keep for backward (measured in lesson 09c). "eager": attention as matmul + softmax,
+    # its s x s scores kept (the paper's count); "flash": a fused kernel (torch's sdpa, FlashAttention) keeps its
+    # output and a log-sum-exp per head and token (fp32) instead. ``fused_kernels``: Megatron's fused RMSNorm and
+    # SwiGLU (the paper's count); False: plain PyTorch ops as Hugging Face's Llama writes them, whose RMSNorm also
+    # keeps its normalized copy and 1/rms, and whose SwiGLU also keeps silu(gate).
+    attention: str = "eager"
+    fused_kernels: bool = True
     # Mixture of experts (lesson 15): every layer's MLP is ``n_experts`` MLPs of ``expert_ffn`` (default ffn_hidden)
     # and a router (h x E, replicated); each token goes to ``top_k`` of them. 0 experts: a dense model.
     n_experts: int = 0
@@ -67,6 +74,9 @@ class ModelShape:
                              "Switch have none: pass biases=False.")
         _divides("hidden size", self.hidden, self.heads, f"pick a hidden size that is a multiple of heads={self.heads}")
         _divides("number of heads", self.heads, self.kv_heads, f"kv_heads={self.kv_heads} must divide heads")
+        if self.attention not in ("eager", "flash"):
+            raise ValueError(f"attention must be 'eager' (scores kept) or 'flash' (a fused kernel), not "
+                             f"{self.attention!r}.")
         if self.norm not in ("layernorm", "rmsnorm") or self.positions not in ("learned", "rope"):
             raise ValueError(f"norm must be 'layernorm' or 'rmsnorm' (got {self.norm!r}); positions 'learned' or "
                              f"'rope' (got {self.positions!r}).")
