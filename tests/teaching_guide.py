@@ -91,6 +91,11 @@ NOTES = {
     "08b_lightning_speedups": ("one speed-up measured alone, beside its claim",
                                "the others; the GPU benchmark where a GPU is present",
                                "Why does a speed-up measured on a CPU not transfer to a GPU (and the reverse)?"),
+    "08d_fp8_numerics": ("the format table beside torch.finfo, then the outlier rows lost under one scale and kept "
+                         "per row",
+                         "the amax history's spike, Float8Linear against torch._scaled_mm, the recipes' error table",
+                         "Why e4m3 for gradients when e5m2 has the range? (once scaled, range matters less than a "
+                         "mantissa bit.) Why is nothing here faster? (the FP8 matmul is simulated in fp32 on a CPU.)"),
     "09a_3d_mesh": ("one `DeviceMesh` with dp, pp, tp and the fixed order of wrapping",
                     "every mesh of the world size, equal to one process",
                     "Why tensor parallelism inside a node and pipelines across nodes? Why this wrapping order?"),
