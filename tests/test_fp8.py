@@ -71,6 +71,15 @@ def test_float8_linear_gradients(granularity):
     assert (y.detach() - lin.bias - ref).norm() / ref.norm() < 0.1  # close to fp32, not equal
 
 
+def test_delayed_linear_records_one_amax_per_tensor_and_step():
+    lin = Float8Linear(16, 8, recipe=Recipe(scaling="delayed", history=2))
+    for step in range(3):
+        x = torch.randn(4, 16) * (8.0 if step == 1 else 1.0)  # a spike at step 1
+        lin(x).sum().backward()
+    assert {r: len(h.amaxes) for r, h in lin.histories.items()} == {"x": 2, "w": 2, "g": 2}  # the last 2 steps
+    assert lin.clipped > 0  # the spike's input saturated: its scale came from step 0
+
+
 def test_against_scaled_mm():
     a, b = torch.randn(16, 32), torch.randn(24, 32)
     sa, sb = scale_for(a.abs().amax(), E4), scale_for(b.abs().amax(), E4)
