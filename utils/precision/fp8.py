@@ -18,8 +18,8 @@ import dataclasses
 import torch
 from torch import nn
 
-__all__ = ["FORMATS", "format_facts", "scale_for", "quantize", "clipped_count", "dequantize", "fake_quantize", "AmaxHistory",
-           "Recipe", "Float8Linear", "swap_linears"]
+__all__ = ["FORMATS", "format_facts", "scale_for", "quantize", "clipped_count", "dequantize", "fake_quantize",
+           "AmaxHistory", "Recipe", "Float8Linear", "swap_linears"]
 
 #: the course's names for the two FP8 dtypes of torch (``fn``: finite and NaN only, no infinity)
 FORMATS = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
