@@ -101,6 +101,11 @@ NOTES = {
                                           "`fsdp`/`deepspeed` on a GPU",
                                           "How does accumulation differ from a pipeline's micro-batches? Why must the "
                                           "tied weight be split the same way in both layers?"),
+    "08d_fp8_numerics": ("the format table beside torch.finfo, then the outlier rows lost under one scale and kept "
+                         "per row",
+                         "the amax history's spike, Float8Linear against torch._scaled_mm, the recipes' error table",
+                         "Why e4m3 for gradients when e5m2 has the range? (once scaled, range matters less than a "
+                         "mantissa bit.) Why is nothing here faster? (the FP8 matmul is simulated in fp32 on a CPU.)"),
     "09a_3d_mesh": ("one `DeviceMesh` with dp, pp, tp and the fixed order of wrapping",
                     "every mesh of the world size, equal to one process",
                     "Why tensor parallelism inside a node and pipelines across nodes? Why this wrapping order?"),
