@@ -62,7 +62,7 @@ def parameter_grad_bytes():
     grads = []
     for obj in gc.get_objects():
         try:  # isinstance, not type(): a DTensor parameter's type is DTensor, marked a parameter by ``_is_param``
-            if isinstance(obj, torch.nn.Parameter) and obj.grad is not None:
+            if issubclass(type(obj), torch.Tensor) and isinstance(obj, torch.nn.Parameter) and obj.grad is not None:
                 grads.append(obj.grad)
         except Exception:  # noqa: BLE001, S112 - objects that raise on access
             continue
