@@ -60,6 +60,11 @@ NOTES = {
                                      "the sharded checkpoint saved at one world size and loaded at another",
                                      "Where is the data of a meta tensor? (nowhere: shapes only.) Why can a DCP "
                                      "checkpoint load at another world size?"),
+    "04c_fsdp2_overlap_and_accumulation": ("`reshard_after_forward` True, False and an int: bytes sent and kept, beside "
+                                           "the formulas; prefetch read from a profile",
+                                           "HSDP's bytes per mesh dim; accumulation with `set_requires_gradient_sync`",
+                                           "What does `reshard_after_forward=False` trade? Why is accumulation not "
+                                           "pipeline micro-batching?"),
     "05a_tensor_parallelism": ("the naive split's idle ranks, then Megatron's f and g on one MLP",
                                "the attention heads split; the checks against the unsplit model",
                                "Why column then row, and not row then column? Why 2 all-reduces forward and 2 "

@@ -19,7 +19,9 @@ And the two sides of notebook 03's comparison, the formula and the count:
   a rank really holds (each storage once), with ``peak_rss`` beside them.
 """
 
+import contextlib
 import gc
+import os
 import resource
 import sys
 
@@ -47,6 +49,24 @@ def live_tensor_bytes(device="cpu"):
         seen.add(key)
         total += storage.nbytes()
     return total
+
+
+def parameter_grad_bytes():
+    """Bytes of the ``.grad`` of every ``nn.Parameter`` alive in this process (a DTensor's local shard), each storage
+    once. ``live_tensor_bytes`` can miss them: autograd creates a gradient in C++, and the garbage collector lists
+    it only once Python has touched it. Lesson 04c uses it for the unsharded gradients FSDP2 keeps on its own
+    (private) unsharded parameters while ``set_requires_gradient_sync(False)`` skips the reduce-scatter."""
+    from torch.distributed.tensor import DTensor
+
+    gc.collect()
+    grads = []
+    for obj in gc.get_objects():
+        try:  # isinstance, not type(): a DTensor parameter's type is DTensor, marked a parameter by ``_is_param``
+            if issubclass(type(obj), torch.Tensor) and isinstance(obj, torch.nn.Parameter) and obj.grad is not None:
+                grads.append(obj.grad)
+        except Exception:  # noqa: BLE001, S112 - objects that raise on access
+            continue
+    return storage_bytes(g.to_local() if isinstance(g, DTensor) else g for g in grads)
 
 
 def peak_rss_bytes():
@@ -171,3 +191,59 @@ def memory_ledger(params, optimizer=None, grads=None, optim_tensors=()):
     out = state_bytes(params, optimizer, grads, optim_tensors)
     out["peak_rss"] = peak_rss_bytes()
     return out
+
+
+# --- Allocations over time: the peak inside a step (lesson 04c) ---
+
+
+@contextlib.contextmanager
+def _stderr_silenced():
+    """The process's file descriptor 2 pointed at /dev/null for a moment (C++ writes there, past Python)."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+@contextlib.contextmanager
+def quiet_profile(profile_memory=False):
+    """``torch.profiler.profile`` of CPU activity, yielding the profiler, without the two lines its Kineto library
+    prints to stderr as it starts and stops ("USDT: ... profiler_start"): on a dozen profiled steps of four ranks
+    they would bury a notebook's output. Only the start and the stop are silenced, never the profiled code.
+    Kineto reads ``KINETO_LOG_LEVEL`` once, when torch is loaded, which a rank cannot change afterwards."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=profile_memory)
+    with _stderr_silenced():
+        prof.__enter__()
+    try:
+        yield prof
+    finally:
+        with _stderr_silenced():
+            prof.__exit__(None, None, None)
+
+
+def allocation_profile(fn):
+    """(peak, net, fn's result): bytes of tensors allocated on the CPU while ``fn()`` runs, counted by
+    ``torch.profiler`` (``profile_memory=True``): ``net`` is what is still held when it returns, ``peak`` the
+    highest point on the way, both above the start. Every event's *self* bytes (what it allocated minus what it
+    freed, its children left out) are added in the order the events started, so ``peak`` is exact between
+    operators and may miss a temporary that lives and dies inside one. Garbage waiting in reference cycles is
+    collected first: freed inside ``fn``, it would count as negative bytes. Derived in lesson 04c
+    (notebooks/04c_fsdp2_overlap_and_accumulation.ipynb), where it measures what FSDP2 keeps between forward and
+    backward. CPU tensors only: on a GPU, ``torch.cuda.max_memory_allocated`` counts the same for CUDA tensors.
+    """
+    gc.collect()
+    with quiet_profile(profile_memory=True) as prof:
+        out = fn()
+    events = sorted((e for e in prof.events() if e.self_cpu_memory_usage), key=lambda e: e.time_range.start)
+    held = peak = 0
+    for e in events:
+        held += e.self_cpu_memory_usage
+        peak = max(peak, held)
+    return peak, held, out
