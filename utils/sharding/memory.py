@@ -193,7 +193,7 @@ def memory_ledger(params, optimizer=None, grads=None, optim_tensors=()):
     return out
 
 
-# --- Allocations over time: the peak inside a step (lesson 04c) ---
+# --- torch.profiler without its start/stop chatter (lesson 04c) ---
 
 
 @contextlib.contextmanager
@@ -211,14 +211,14 @@ def _stderr_silenced():
 
 
 @contextlib.contextmanager
-def quiet_profile(profile_memory=False):
+def quiet_profile():
     """``torch.profiler.profile`` of CPU activity, yielding the profiler, without the two lines its Kineto library
     prints to stderr as it starts and stops ("USDT: ... profiler_start"): on a dozen profiled steps of four ranks
     they would bury a notebook's output. Only the start and the stop are silenced, never the profiled code.
     Kineto reads ``KINETO_LOG_LEVEL`` once, when torch is loaded, which a rank cannot change afterwards."""
     from torch.profiler import ProfilerActivity, profile
 
-    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=profile_memory)
+    prof = profile(activities=[ProfilerActivity.CPU])
     with _stderr_silenced():
         prof.__enter__()
     try:
@@ -226,24 +226,3 @@ def quiet_profile(profile_memory=False):
     finally:
         with _stderr_silenced():
             prof.__exit__(None, None, None)
-
-
-def allocation_profile(fn):
-    """(peak, net, fn's result): bytes of tensors allocated on the CPU while ``fn()`` runs, counted by
-    ``torch.profiler`` (``profile_memory=True``): ``net`` is what is still held when it returns, ``peak`` the
-    highest point on the way, both above the start. Every event's *self* bytes (what it allocated minus what it
-    freed, its children left out) are added in the order the events started, so ``peak`` is exact between
-    operators and may miss a temporary that lives and dies inside one. Garbage waiting in reference cycles is
-    collected first: freed inside ``fn``, it would count as negative bytes. Derived in lesson 04c
-    (notebooks/04c_fsdp2_overlap_and_accumulation.ipynb), where it measures what FSDP2 keeps between forward and
-    backward. CPU tensors only: on a GPU, ``torch.cuda.max_memory_allocated`` counts the same for CUDA tensors.
-    """
-    gc.collect()
-    with quiet_profile(profile_memory=True) as prof:
-        out = fn()
-    events = sorted((e for e in prof.events() if e.self_cpu_memory_usage), key=lambda e: e.time_range.start)
-    held = peak = 0
-    for e in events:
-        held += e.self_cpu_memory_usage
-        peak = max(peak, held)
-    return peak, held, out
