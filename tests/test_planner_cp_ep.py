@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
 import utils
@@ -39,6 +40,62 @@ def test_cp_bytes_are_lesson_14s_measured_ring(n):
     assert est.bytes_per_step["cp"] == 2 * (n - 1) * 2 * B * H * (S // n) * D * 4  # lesson 14's block_bytes, 2 ways
     assert measured == [est.bytes_per_step["cp"]] * n, (measured, est.bytes_per_step["cp"])
     TABLE.append((f"lesson 14 ring, cp={n}", est.bytes_per_step["cp"], measured[0]))
+
+
+class _WireBytes(TorchDispatchMode):
+    """Bytes this rank sends through torch's functional collectives (the ops torch's ring engine calls), by op."""
+
+    def __init__(self):
+        super().__init__()
+        self.sent = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket).split(".")[-1]
+        if name in ("all_gather_into_tensor", "all_to_all_single"):
+            t, n = args[0], dist.get_world_size()
+            if name == "all_gather_into_tensor":  # my block goes to the n - 1 others
+                wire = (n - 1) * t.nbytes
+            else:  # all_to_all_single(input, output_split_sizes, input_split_sizes, group): all but my own split
+                wire = t.nbytes - args[2][dist.get_rank()] * t.nbytes // t.shape[0]
+            self.sent[name] = self.sent.get(name, 0) + wire
+        return func(*args, **(kwargs or {}))
+
+
+def _torch_fused_ring_rank():
+    """torch 2.13's ring engine, forward and its fused backward, on this CPU rank (bf16, causal, zig-zag shards)."""
+    from torch.distributed.tensor.experimental._context_parallel import _attention as torch_cp
+    rank, n = dist.get_rank(), dist.get_world_size()
+    g = torch.Generator().manual_seed(0)
+    q, k, v, w = (cp.shard(torch.randn(B, H, S, D, generator=g), rank, n, "zigzag").bfloat16() for _ in range(4))
+    aten = getattr(torch, "ops").aten
+    with _WireBytes() as forward:
+        out, lse, *_ = torch_cp._templated_ring_attention(
+            dist.group.WORLD, 2, aten._scaled_dot_product_flash_attention_for_cpu, q, k, v, is_causal=True)
+    with _WireBytes() as backward:
+        torch_cp._templated_ring_attention_backward(
+            dist.group.WORLD, 2, aten._scaled_dot_product_flash_attention_for_cpu_backward, w, "grad_out", q, k, v,
+            out, lse, True, dropout_p=0.0)
+    return forward.sent, backward.sent, torch_cp._cp_options.convert_to_f32
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_cp_bytes_fused_backward_is_torchs_ring_engine(n):
+    """``cp_bytes(..., backward="fused")`` against torch's own fused ring backward, run on n CPU ranks and its
+    functional collectives' bytes counted: forward, K and V of the chunk (n - 1) times (one all-gather); backward,
+    K and V again (n - 1) times, and dK, dV rotated n times (all-to-all), in float32 (``convert_to_f32``) although
+    K and V are bf16. The course's autograd ring would send dK, dV (n - 1) times, in bf16."""
+    runs = utils.run_ranks(_torch_fused_ring_rank, world_size=n, verbose=False, timeout=120)
+    block = 2 * B * H * (S // n) * D  # K and V of this rank's chunk, values
+    for forward, backward, to_f32 in runs:
+        assert to_f32  # torch's default: the gradients accumulate, and travel, in float32
+        assert forward == {"all_gather_into_tensor": (n - 1) * block * 2}
+        assert backward == {"all_gather_into_tensor": (n - 1) * block * 2, "all_to_all_single": n * block * 4}
+    model = ModelShape(layers=1, hidden=H * D, heads=H, vocab=8, seq_len=S, dropout=False)
+    plan = Plan(global_batch=B, micro_batch=B, cp=n)
+    measured = sum(runs[0][0].values()) + sum(runs[0][1].values())
+    assert cp_bytes(model, plan, 2, backward="fused", grad_bytes=4) == measured
+    assert cp_bytes(model, plan, 2) == 2 * (n - 1) * block * 2 < measured  # the autograd ring: fewer bytes
+    TABLE.append((f"torch's fused ring, bf16, cp={n}", cp_bytes(model, plan, 2, backward="fused"), measured))
 
 
 def _moe_rank(recompute=False):
@@ -183,6 +240,7 @@ def test_cp_and_ep_groups_cross_nodes_as_the_rank_order_says():
     (lambda: dataclasses.replace(MIXTRAL_8X7B, top_k=9), "top_k=9 experts per token out of n_experts=8"),
     (lambda: ModelShape(2, 8, 2, 8, 8, n_experts=4), "pass biases=False"),
     (lambda: Plan(8, cp=0), "cp must be a positive int"),
+    (lambda: cp_bytes(LLAMA2_7B, Plan(8, cp=2), 2, backward="flash"), "the ring backward is one of"),
 ])
 def test_bad_cp_ep_plans_raise_with_the_numbers(make, words):
     with pytest.raises(ValueError, match=words):
