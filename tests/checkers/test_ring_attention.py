@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from lab_grading import expect_rejection
 from notebook_runner import ROOT
-from utils.checkers.ring_attention import _partials, check_ring_attention
+from utils.checkers.ring_attention import RING_HINTS, _partials, check_ring_attention
 from utils.context_parallel.ring import merge as the_lesson_merge
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
@@ -27,6 +27,14 @@ def test_large_scores_overflow_a_naive_exp():
     ((_, l1), (_, l2)), _ = _partials(40.0, seed=40)
     assert l1.max() > 89 and l2.max() > 89
     assert not torch.isfinite(torch.exp(l1)).all() and not torch.isfinite(torch.exp(l2)).all()
+
+
+def test_hints_point_without_giving_the_answer():
+    """A hint names the mistake and points to the idea: none gives the merge's formulas or the zig-zag chunk map."""
+    answers = ("exp(l1 - l)", "exp(l2 - l)", "log(e^l1", "e^(l1-m)", "logaddexp", "2n-1-r", "2n - 1 - r", "i > j",
+               "i == j", "chunk r")
+    for mistake, hint in RING_HINTS.items():
+        assert not [a for a in answers if a in hint], (mistake, hint)
 
 
 # ------------------------------------------------------------------ wrong answers
@@ -80,7 +88,7 @@ def zigzag_second_as_first(q_rank, q_part, k_rank, k_part, world_size, layout):
     (the_lesson_merge, causal_block, "used_library", "off limits"),
     (sdpa_merge, causal_block, "used_library", "scaled_dot_product_attention"),
     (merge, off_by_one_chunk, "off_by_one_chunk", "off by one chunk"),
-    (merge, zigzag_second_as_first, "zigzag_second_chunk", "2n-1-r"),
+    (merge, zigzag_second_as_first, "zigzag_second_chunk", "not the ranks"),
 ], ids=["naive_merge", "averaged_merge", "max_lse_merge", "lesson_merge", "the_lesson_merge_itself", "sdpa_merge",
         "off_by_one_chunk", "zigzag_second_as_first"])
 def test_rejects(wrong_merge, wrong_rule, mistake, phrase):

@@ -29,25 +29,29 @@ from ..context_parallel import ring as ring_module
 from ..context_parallel.ring import chunk_ids, ring_attention, shard, unshard
 from .common import CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error, watched_call
 
-RING_HINTS = {
+RING_HINTS = {  # each names the mistake and points to the idea; none gives the formula or the chunk map
     "used_library": "write the merge and the rule yourself: the lesson's merge (utils.context_parallel) and "
                     "F.scaled_dot_product_attention compute the answer for you and are off limits in this lab.",
     "not_pair": "merge must return a pair (o, l): o shaped like o1, l shaped like l1.",
-    "lse_max": "l is the log-sum-exp over both blocks, log(e^l1 + e^l2), not max(l1, l2): the smaller block still "
-               "holds part of the softmax mass (add log(e^(l1-m) + e^(l2-m)) to the maximum m).",
-    "lse_wrong": "l must be log(e^l1 + e^l2), the log of the softmax denominator over both blocks.",
-    "averaged": "the outputs are not averaged: each is weighted by the share of the softmax mass its block holds, "
-                "o = o1 exp(l1 - l) + o2 exp(l2 - l), with l the new log-sum-exp.",
-    "weights": "o = o1 exp(l1 - l) + o2 exp(l2 - l), with l = log(e^l1 + e^l2): the two weights sum to 1.",
-    "overflow": "e^l overflows float32 above l ~ 88.7: subtract the maximum m = max(l1, l2) before exponentiating "
-                "(m + log(e^(l1-m) + e^(l2-m))), and weight with exp(l1 - l), never exp(l1) / (e^l1 + e^l2).",
+    "lse_max": "l is not max(l1, l2): the smaller block still holds part of the softmax mass. l is the log of the "
+               "softmax's denominator over both blocks; Step 1 says what that denominator is.",
+    "lse_wrong": "l is not the log-sum-exp over both blocks: reread Step 1 for the softmax's denominator over both, "
+                 "and take its log.",
+    "averaged": "the outputs are not averaged: each block's output counts by the share of the softmax mass its "
+                "block holds, and the two shares sum to 1.",
+    "weights": "l is right but o is not: weight each block's output by its block's share of the denominator over "
+               "both blocks (Step 1); the two weights must sum to 1.",
+    "overflow": "an exponential overflowed float32 (above ~88.7): never exponentiate a log-sum-exp as large as these. "
+                "The weights you need lie between 0 and 1; subtract the maximum before any exp so that no exponent "
+                "is positive.",
     "not_kind": "causal_block returns one of the strings \"full\", \"diagonal\" or \"skip\".",
-    "off_by_one_chunk": "query chunk i sees key chunk j fully when i > j, its lower triangle when i == j (every "
-                        "query sees itself), nothing when i < j: your rule is off by one chunk.",
-    "zigzag_second_chunk": "in the zig-zag layout rank r holds two chunks: part 0 is chunk r, part 1 is chunk "
-                           "2n-1-r (n ranks); compare the global chunk indices, not the ranks.",
-    "causal_rule": "compare the global chunk indices: contiguous, rank r holds chunk r; zig-zag, part 0 is chunk r "
-                   "and part 1 chunk 2n-1-r; then i > j full, i == j diagonal, i < j skip.",
+    "off_by_one_chunk": "your rule is off by one chunk, at the diagonal: which key chunk holds a query chunk's own "
+                        "tokens, and which is the first that it sees in full?",
+    "zigzag_second_chunk": "right except on the zig-zag layout's part 1: a rank's second chunk does not sit at the "
+                           "rank's own place in the sequence. Compare the chunks' places in the sequence, not the "
+                           "ranks (Step 2 prints where each part sits).",
+    "causal_rule": "find both chunks' places in the sequence for the layout (Step 2), then ask: are the key chunk's "
+                   "tokens all before the query chunk's, the same tokens, or all after?",
     "wrong_output": "the ring's output differs from one process's attention although merge and the rule pass "
                     "the checks above: does merge keep the autograd graph (no .detach(), no in-place update)?",
     "wrong_gradient": "the outputs agree but the gradients of q, k, v do not: keep merge differentiable (no "
