@@ -84,6 +84,18 @@ def test_merge_is_exact_in_any_order():
     torch.testing.assert_close(acc[0], F.scaled_dot_product_attention(q, k, v), **TOL)
 
 
+def test_merge_is_finite_where_exp_overflows():
+    """Scores in the hundreds (e^l is inf in float32 above ~88.7): the merge still equals attention over both blocks."""
+    q, k, v, _ = _tensors()
+    q = q * 60  # log-sum-exps in the hundreds
+    (o1, l1), (o2, l2) = (cp.ring.block_attention(q, kb, vb) for kb, vb in zip(k.chunk(2, -2), v.chunk(2, -2)))
+    assert not torch.isfinite(torch.exp(torch.maximum(l1, l2))).all()
+    o, l = cp.merge((o1, l1), (o2, l2))  # noqa: E741
+    scores = (q.double() @ k.double().transpose(-2, -1)) / q.shape[-1] ** 0.5
+    torch.testing.assert_close(l.double(), torch.logsumexp(scores, -1, keepdim=True), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(o.double(), torch.softmax(scores, -1) @ v.double(), **TOL)
+
+
 def test_shard_and_unshard_round_trip():
     x = torch.arange(24.0).reshape(1, 1, 24, 1)
     for layout in cp.ring.LAYOUTS:

@@ -90,7 +90,9 @@ def block_attention(q, k, v, diagonal=False, scale=None):
 def merge(acc, new):
     """Online softmax: two (output, log-sum-exp) pairs over disjoint key blocks -> the pair over both, exactly.
 
-    With lse = log(e^lse1 + e^lse2), each output is re-weighted by the share of the softmax mass its block holds.
+    acc, new: (output (..., sq, d), log-sum-exp (..., sq, 1)); acc None (nothing merged yet) returns new. With
+    lse = log(e^lse1 + e^lse2), each output is re-weighted by the share of the softmax mass its block holds. Exact in
+    any order of the blocks, and finite at any scores (lab 14 writes it; tests/test_context_parallel.py tests it).
     """
     if acc is None:
         return new
