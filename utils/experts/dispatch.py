@@ -1,8 +1,10 @@
 """Expert parallelism: the experts sharded over ranks, tokens sent to them and back by all-to-all.
 
 Derived in notebook 15. Each of the n ranks of the expert group holds E/n experts (rank r: experts
-r*E/n ... (r+1)*E/n - 1) and a full copy of the router; each routes its *own* tokens. One layer is
-three all-to-alls (GShard, arXiv 2006.16668; Switch Transformer, arXiv 2101.03961):
+r*E/n ... (r+1)*E/n - 1) and a full copy of the router; each routes its *own* tokens. GShard (arXiv
+2006.16668) and Switch Transformer (arXiv 2101.03961) pad every expert to a fixed capacity: every split has one size,
+known in advance, and a layer is two all-to-alls (dispatch, combine), as in DeepSpeed-MoE. This layer sends only the
+rows it kept, whose number changes from step to step (a dropless layer must), so it is three all-to-alls:
 
 1. **counts**: every rank tells every other how many rows it will send to each of its experts
    (E integers), so that each rank knows its receive sizes before any row moves;
