@@ -26,6 +26,7 @@ On a library upgrade the list of "lessons to re-read" this prints is the maintai
 """
 
 import argparse
+import bisect
 import functools
 import importlib.util
 import io
@@ -82,18 +83,23 @@ def package_root(top):
     return Path(spec.origin).parent if spec.origin else None
 
 
-def _squash_with_map(text):
-    """``text`` with whitespace runs collapsed to one space, and for each kept character its offset in ``text``."""
-    out, where = [], []
-    for m in re.finditer(r"\s+|\S+", text):
-        if m.group().isspace():
-            if out and out[-1] != " ":
-                out.append(" ")
-                where.append(m.start())
-        else:
-            out.extend(m.group())
-            where.extend(range(m.start(), m.end()))
-    return "".join(out), where
+@functools.cache
+def _squashed(path):
+    """The file's text with whitespace runs collapsed to one space, and a map back: each piece of it starts at
+    ``flat_starts[k]`` in the collapsed text and at ``orig_starts[k]`` in the file (within a piece, offsets agree)."""
+    text = _read(path)
+    parts, flat_starts, orig_starts, flat, pos = [], [], [], 0, 0
+    for m in re.finditer(r"\s+", text):
+        for piece, orig in ((text[pos:m.start()], pos), (" ", m.start())):
+            flat_starts.append(flat)
+            orig_starts.append(orig)
+            parts.append(piece)
+            flat += len(piece)
+        pos = m.end()
+    flat_starts.append(flat)
+    orig_starts.append(pos)
+    parts.append(text[pos:])
+    return "".join(parts), flat_starts, orig_starts
 
 
 @functools.cache
@@ -142,17 +148,21 @@ def token_count(piece):
 
 
 def find_in_code(path, piece):
-    """(found anywhere, found in code): whether ``piece`` occurs in the file, and whether one occurrence lies in code."""
+    """(found, in code): whether ``piece`` occurs in the file, and whether one of its occurrences lies in code."""
     text = _read(path)
-    flat, where = _squash_with_map(text)
-    needle = squash(piece)
+    flat, flat_starts, orig_starts = _squashed(path)
     mask = _not_code_mask(path)
+
+    def orig(i):
+        k = bisect.bisect_right(flat_starts, i) - 1
+        return orig_starts[k] + (i - flat_starts[k])
+
+    needle = squash(piece)
     found = False
     start = flat.find(needle)
     while start >= 0:
         found = True
-        span = range(where[start], where[start + len(needle) - 1] + 1)
-        if any(not mask[i] and not text[i].isspace() for i in span):
+        if any(not mask[i] and not text[i].isspace() for i in range(orig(start), orig(start + len(needle) - 1) + 1)):
             return True, True
         start = flat.find(needle, start + 1)
     return found, False
@@ -212,7 +222,8 @@ def run(paths=None):
     return result
 
 
-def report(result, out=sys.stdout):
+def report(result, out=None):
+    out = out or sys.stdout
     for b in result["broken"]:
         print(f"BROKEN {b['notebook']}: \"{b['says']}\"\n    {b['file']}: {b['why']}", file=out)
     for s in result["skipped"]:
