@@ -16,13 +16,6 @@ import claims  # noqa: E402
 ROOT = claims.ROOT
 NOTEBOOKS = claims.notebooks()
 
-# Lessons whose pointers another change adds (the lessons from 07a on, issue 34 part 2, second half): the coverage
-# check skips them until then. Remove a lesson from here once its claims carry pointers.
-PENDING = {
-    "07a", "07b", "07c", "08a", "08b", "08c", "08d", "09a", "09b", "09c", "10", "11a", "11b", "12a", "12b", "13a",
-    "13b", "14", "15",
-}
-
 
 def _id(path):
     return claims.key(path)
@@ -225,8 +218,6 @@ def uncovered(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_id)
 def test_library_source_claims_carry_pointers(path):
-    if Path(path).name.split("_")[0] in PENDING and Path(path).parent.name == "notebooks":
-        pytest.skip("its claim pointers come with the second half of issue 34 part 2")
     missing = uncovered(path)
     assert not missing, (
         f"{claims.key(path)}: cells that name a library's source file or private function, with no claim pointer "
