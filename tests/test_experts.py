@@ -35,6 +35,8 @@ def test_load_balancing_loss_bounds():
     one_hot[:, 0] = 1.0
     first_on_0 = torch.stack([torch.zeros(16, dtype=torch.long), torch.ones(16, dtype=torch.long)], 1)
     assert load_balancing_loss(one_hot, first_on_0, E, alpha=0.01).item() == pytest.approx(0.01 * E / k)
+    all_on_0 = torch.zeros(16, 1, dtype=torch.long)  # k = 1, Switch's case: one expert takes all
+    assert load_balancing_loss(one_hot, all_on_0, E, alpha=0.01).item() == pytest.approx(0.01 * E)
 
 
 def test_refusals_name_the_numbers():

@@ -4,8 +4,9 @@
     # one machine, 2 CPU processes (what notebook 07c runs) or 2 GPUs:
     torchrun --standalone --nproc_per_node 2 notebooks/scripts/07_deepspeed_train.py --stage 2
     deepspeed --num_gpus 2 notebooks/scripts/07_deepspeed_train.py --stage 2            # GPUs
-    # several machines: the same command on each node with torchrun (--nnodes, --node_rank,
-    # --rdzv_endpoint), or once with the deepspeed launcher and a hostfile (ssh to every node):
+    # several machines: the same command on each node with torchrun (--nnodes, --rdzv_backend c10d,
+    # --rdzv_endpoint, --rdzv_id; no --node_rank: torchrun ignores it with c10d, which numbers the nodes, lesson 10),
+    # or once with the deepspeed launcher and a hostfile (ssh to every node):
     deepspeed --hostfile notebooks/scripts/hostfile.example --num_nodes 2 --num_gpus 8 \\
         notebooks/scripts/07_deepspeed_train.py --stage 3 --dtype bf16
 

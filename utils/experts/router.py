@@ -18,7 +18,8 @@ order within a choice.
 
 Switch's auxiliary load-balancing loss (section 2.2, equation 4): ``loss = alpha * E * sum_i f_i * P_i``,
 f_i the fraction of routes dispatched to expert i, P_i the mean router probability of expert i.
-It is ``alpha`` for a perfectly balanced router and grows to ``alpha * E`` when one expert gets everything.
+It is ``alpha`` for a perfectly balanced router and grows to ``alpha * E / k`` when every token goes to the
+same k experts (k distinct choices per token: each of them gets f_i = 1/k), so ``alpha * E`` for Switch's k = 1.
 """
 
 import math
@@ -92,7 +93,8 @@ def load_balancing_loss(probs, experts, num_experts: int, alpha: float = 0.01):
 
     f_i: fraction of the T*k top-k choices that picked expert i (not differentiable: an argmax);
     P_i: mean gate probability of expert i over the T tokens (differentiable: the gradient that
-    pushes the router towards balance). Balanced router: alpha. One expert takes all: alpha * E.
+    pushes the router towards balance). Balanced router: alpha. Every token on the same k experts (each
+    f_i = 1/k, their P_i summing to at most 1): at most alpha * E / k, so alpha * E for k = 1.
     """
     f = torch.bincount(experts.reshape(-1), minlength=num_experts).to(probs.dtype) / experts.numel()  # (E,)
     P = probs.mean(dim=0)  # (E,)
