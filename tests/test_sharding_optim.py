@@ -102,6 +102,7 @@ def _sharded_vs_unsharded(steps, bucket_numel):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_bucketed_zero2_equals_the_unsharded_optimizer(world_size):
     """Adam, AdamW (weight decay), SGD (momentum), two param groups, a generator with a frozen parameter: after

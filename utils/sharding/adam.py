@@ -7,7 +7,7 @@ flat buffer works). It follows ``_single_tensor_adam`` without weight decay, ams
 ``(exp_avg_sq.sqrt() / bias_correction2 ** 0.5).add_(eps)``. Both roundings matter: ``m * beta1 + (1 - beta1) * g``
 instead of the lerp, or ``sqrt(v / bias_correction2)`` instead of ``sqrt(v) / sqrt(bias_correction2)``, is the
 same formula in real numbers but differs in float32 by an ulp here and there, up to 4.8e-7 after 10 steps
-at lr 1e-2 (``tests/test_memory.py`` asserts ``torch.equal`` with torch's Adam after 10 steps).
+at lr 1e-2 (``tests/test_sharding_optim.py`` asserts ``torch.equal`` with torch's Adam after 10 steps).
 """
 
 import torch
