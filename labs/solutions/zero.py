@@ -7,9 +7,14 @@ bucket's last gradient exists its padded flat copy is **reduce-scattered** (each
 sum of its chunk only) and the full gradients are **freed**. So a rank never holds more than about
 one bucket of full gradients, and after backward it holds Ψ/n gradient numbers, not Ψ.
 
-Then the sharded step of ZeRO (Rajbhandari et al., arXiv 1910.02054): Adam on this rank's chunk of
-each bucket (its state: 8 bytes x Ψ/n in fp32), and an **all-gather** of the updated chunks so that
-every replica is whole again. Per step a rank sends Ψ(n-1)/n values in the reduce-scatters and
+Then the sharded step of ZeRO (Rajbhandari et al., arXiv 1910.02054): any ``torch.optim`` optimizer
+(``optimizer_class``, with its ``**defaults``, as torch's ``ZeroRedundancyOptimizer`` takes them) over this
+rank's chunk of each bucket (Adam's state: 8 bytes x Ψ/n in fp32), and an **all-gather** of the updated
+chunks so that every replica is whole again. ``params`` is what any torch optimizer takes: tensors or
+parameter groups, a generator works, frozen parameters are skipped (``utils.sharding.groups``). A bucket
+never spans two groups (DeepSpeed also flattens and partitions each parameter group on its own), so each
+chunk belongs to one group and the inner optimizer gets that group's options. For an element-wise rule
+(SGD, Adam, AdamW) a chunk's update is the unsharded optimizer's, element for element. Per step a rank sends Ψ(n-1)/n values in the reduce-scatters and
 Ψ(n-1)/n in the all-gathers: 2Ψ(n-1)/n values, DDP's bill (plus at most n-1 padding values per bucket).
 """
 
@@ -18,7 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from utils.comm import compat  # all_gather_single / reduce_scatter_single on torch 2.11-2.13
-from utils.sharding.adam import adam_update
+from utils.sharding.groups import param_groups
 
 
 def make_buckets(params, bucket_numel):
@@ -44,23 +49,34 @@ def make_buckets(params, bucket_numel):
 
 
 class BucketedZeRO2:
-    """ZeRO-2 (P_os+g) as DeepSpeed runs it: buckets reduce-scattered from gradient hooks during backward."""
+    """ZeRO-2 (P_os+g) as DeepSpeed runs it: buckets reduce-scattered from gradient hooks during backward,
+    then ``optimizer_class`` (any torch.optim optimizer) on this rank's chunks."""
 
-    def __init__(self, params, bucket_numel, lr):
-        self.rank, self.n, self.lr = dist.get_rank(), dist.get_world_size(), lr
-        self.buckets = make_buckets(params, bucket_numel)  # in the order they will be reduced
-        self.states = [{} for _ in self.buckets]  # Adam's state of this rank's chunk of each bucket
+    def __init__(self, params, bucket_numel, optimizer_class=torch.optim.Adam, **defaults):
+        self.rank, self.n = dist.get_rank(), dist.get_world_size()
+        self.param_groups = param_groups(params)  # dicts of trainable tensors: frozen ones dropped, a generator read
+        self.buckets, self.group_of = [], []  # one group per bucket, so a chunk has one group's options
+        for g, group in enumerate(self.param_groups):
+            for bucket in make_buckets(group["params"], bucket_numel):
+                self.buckets.append(bucket)
+                self.group_of.append(g)
         self.grad_shards = [None for _ in self.buckets]  # after backward: the mean gradient of each chunk
         self.numels = [sum(p.numel() for p in bucket) for bucket in self.buckets]
         self.chunks = [-(-numel // self.n) for numel in self.numels]  # ceil: n equal chunks, with padding
-        self.param_shards = []  # this rank's chunk of each bucket's flat parameters: what Adam updates
+        self.param_shards = []  # this rank's chunk of each bucket's flat parameters: what the optimizer updates
         for bucket, numel, chunk in zip(self.buckets, self.numels, self.chunks):
             flat = F.pad(torch.cat([p.detach().reshape(-1) for p in bucket]), (0, chunk * self.n - numel))
             self.param_shards.append(flat[self.rank * chunk:(self.rank + 1) * chunk].clone())  # (chunk,)
+        shards_of_group = [[] for _ in self.param_groups]
+        for shard, g in zip(self.param_shards, self.group_of):
+            shards_of_group[g].append(shard)
+        self.optimizer = optimizer_class(  # each group's own options (lr, weight_decay...) over its chunks
+            [{**group, "params": shards} for group, shards in zip(self.param_groups, shards_of_group)], **defaults)
         self.bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
         self.missing = [len(bucket) for bucket in self.buckets]  # gradients still to come, per bucket
-        for p in params:
-            p.register_post_accumulate_grad_hook(self._grad_ready)  # runs once p.grad is complete
+        for bucket in self.buckets:
+            for p in bucket:
+                p.register_post_accumulate_grad_hook(self._grad_ready)  # runs once p.grad is complete
 
     def _grad_ready(self, p):
         """During backward: count the bucket's gradients; when the last is there, reduce-scatter and free."""
@@ -79,9 +95,11 @@ class BucketedZeRO2:
 
     @torch.no_grad()
     def step(self):
-        """After backward: Adam on this rank's chunks, then all-gather every bucket's parameters."""
+        """After backward: the optimizer on this rank's chunks, then all-gather every bucket's parameters."""
+        for shard, grad in zip(self.param_shards, self.grad_shards):
+            shard.grad = grad  # the same storage: no copy
+        self.optimizer.step()  # on chunk numbers only: Adam's state is 8 B x chunk per bucket
         for i, bucket in enumerate(self.buckets):
-            adam_update(self.param_shards[i], self.grad_shards[i], self.states[i], lr=self.lr)  # 8 B x chunk
             full = self.param_shards[i].new_empty(self.chunks[i] * self.n)  # (chunk * n,)
             compat.all_gather_single(full, self.param_shards[i])
             pieces = full[: self.numels[i]].split([p.numel() for p in bucket])  # drop the padding

@@ -1,7 +1,8 @@
 """The ZeRO lab's checker (utils/checkers/zero.py) accepts the reference and rejects planted wrong answers.
 
 Lab 03 asks for ZeRO-2 as DeepSpeed runs it: gradient buckets reduce-scattered from hooks during
-backward, full gradients freed bucket by bucket, Adam on this rank's chunks, an all-gather. Each
+backward, full gradients freed bucket by bucket, the given torch optimizer (with its arguments and the
+parameter groups' options) on this rank's chunks, an all-gather. Each
 wrong answer below reaches (or nearly reaches) the right parameters the *wrong way*, and the test
 asserts that the checker names the mistake (``LabCheckFailed.mistake``) and says the key phrase of
 its hint. Each runs at a world size where its mistake shows (3 where padding matters). The lab's
@@ -18,7 +19,6 @@ import torch.nn.functional as F
 from lab_grading import expect_rejection
 from notebook_runner import ROOT
 from utils.comm import compat
-from utils.sharding.adam import LR, adam_update
 from utils.checkers.zero import check_bucketed_zero2, check_make_buckets
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
@@ -164,32 +164,36 @@ class KeepsPaddedCopies(BucketedZeRO2):
 class OneBucket(BucketedZeRO2):
     """bucket_numel ignored: everything in one bucket, reduced when backward is nearly over."""
 
-    def __init__(self, params, bucket_numel, lr):
-        super().__init__(params, 10 ** 9, lr)
+    def __init__(self, params, bucket_numel, optimizer_class=torch.optim.Adam, **defaults):
+        super().__init__(params, 10 ** 9, optimizer_class, **defaults)
 
 
 class HardCodedBucket(BucketedZeRO2):
     """The notebook's bucket size written in, whatever the argument says."""
 
-    def __init__(self, params, bucket_numel, lr):
-        super().__init__(params, 1_000, lr)
+    def __init__(self, params, bucket_numel, optimizer_class=torch.optim.Adam, **defaults):
+        super().__init__(params, 1_000, optimizer_class, **defaults)
 
 
 class FullAdamState(BucketedZeRO2):
-    """Every rank gathers the mean gradient and runs Adam on the whole model: DDP's 8Ψ bytes of state.
+    """Every rank gathers the mean gradient and runs the optimizer on the whole model: DDP's 8Ψ bytes of state.
 
     Its all-gather (of gradients, not parameters) has the same bytes as the right one: only the memory tells."""
 
-    def __init__(self, params, bucket_numel, lr):
-        super().__init__(params, bucket_numel, lr)
+    def __init__(self, params, bucket_numel, optimizer_class=torch.optim.Adam, **defaults):
+        super().__init__(params, bucket_numel, optimizer_class, **defaults)
         self.full = [torch.cat([p.detach().reshape(-1) for p in b]) for b in self.buckets]
+        self.optimizer = optimizer_class([{**group, "params": [f for f, g in zip(self.full, self.group_of) if g == k]}
+                                          for k, group in enumerate(self.param_groups)], **defaults)
 
     @torch.no_grad()
     def step(self):
-        for i, bucket in enumerate(self.buckets):
+        for i in range(len(self.buckets)):
             mean = self.grad_shards[i].new_empty(self.chunks[i] * self.n)
             compat.all_gather_single(mean, self.grad_shards[i])
-            adam_update(self.full[i], mean[: self.numels[i]], self.states[i], lr=self.lr)
+            self.full[i].grad = mean[: self.numels[i]]
+        self.optimizer.step()
+        for i, bucket in enumerate(self.buckets):
             for p, piece in zip(bucket, self.full[i].split([p.numel() for p in bucket])):
                 p.copy_(piece.view_as(p))
 
@@ -222,8 +226,10 @@ class NoGather(BucketedZeRO2):
 
     @torch.no_grad()
     def step(self):
+        for shard, grad in zip(self.param_shards, self.grad_shards):
+            shard.grad = grad
+        self.optimizer.step()
         for i, bucket in enumerate(self.buckets):
-            adam_update(self.param_shards[i], self.grad_shards[i], self.states[i], lr=self.lr)
             flat = F.pad(torch.cat([p.reshape(-1) for p in bucket]), (0, self.chunks[i] * self.n - self.numels[i]))
             chunk = self.chunks[i]
             flat[self.rank * chunk:(self.rank + 1) * chunk] = self.param_shards[i]
@@ -231,14 +237,40 @@ class NoGather(BucketedZeRO2):
                 p.copy_(piece.view_as(p))
 
 
+def _chunk_groups(self):
+    """The reference's inner param groups: this rank's chunks of each group's buckets, with the group's options."""
+    return [{**group, "params": [s for s, g in zip(self.param_shards, self.group_of) if g == k]}
+            for k, group in enumerate(self.param_groups)]
+
+
 class IgnoresLr(BucketedZeRO2):
-    def __init__(self, params, bucket_numel, lr):
-        super().__init__(params, bucket_numel, LR)
+    """The caller's arguments dropped: optimizer_class(groups), at the class's default lr (Adam: 1e-3)."""
+
+    def __init__(self, params, bucket_numel, optimizer_class=torch.optim.Adam, **defaults):
+        super().__init__(params, bucket_numel, optimizer_class, **defaults)
+        self.optimizer = optimizer_class(_chunk_groups(self))
+
+
+class IgnoresOptimizerClass(BucketedZeRO2):
+    """torch.optim.Adam whatever the caller asks for: right for Adam, wrong for AdamW's decoupled weight decay."""
+
+    def __init__(self, params, bucket_numel, optimizer_class=torch.optim.Adam, **defaults):
+        super().__init__(params, bucket_numel, torch.optim.Adam, **defaults)
+
+
+class IgnoresGroupOptions(BucketedZeRO2):
+    """One inner group with the defaults: the biases' own lr and weight decay are lost."""
+
+    def __init__(self, params, bucket_numel, optimizer_class=torch.optim.Adam, **defaults):
+        super().__init__(params, bucket_numel, optimizer_class, **defaults)
+        self.optimizer = optimizer_class(self.param_shards, **defaults)
 
 
 class FreshState(BucketedZeRO2):
+    """A new inner optimizer every step: Adam restarts at step 1 each time."""
+
     def step(self):
-        self.states = [{} for _ in self.buckets]
+        self.optimizer = type(self.optimizer)([dict(g) for g in self.optimizer.param_groups])  # each with its options
         super().step()
 
 
@@ -246,12 +278,16 @@ HIDDEN = {}
 
 
 class HiddenState(BucketedZeRO2):
-    """Right values, but Adam's state lives in a global, where nobody can count (or checkpoint) it."""
+    """Right values, but the inner optimizer lives in a global, where nobody can count (or checkpoint) it."""
+
+    def __init__(self, params, bucket_numel, optimizer_class=torch.optim.Adam, **defaults):
+        super().__init__(params, bucket_numel, optimizer_class, **defaults)
+        HIDDEN[id(self)], self.optimizer = self.optimizer, None
 
     def step(self):
-        states, self.states = self.states, [HIDDEN.setdefault((id(self), i), {}) for i in range(len(self.buckets))]
+        self.optimizer = HIDDEN[id(self)]
         super().step()
-        self.states = states
+        self.optimizer = None
 
 
 @pytest.mark.slow
@@ -264,7 +300,8 @@ def test_reference_measures_the_formulas():
         assert psi == 9_034 and m["buckets"] == [778, 4_096, 64, 4_096] and m["reduce_scatters"] == 4
         assert m["state_bytes"] == 8 * sum(chunks) < 8 * (psi / n + len(chunks))  # 8Ψ/n, rounded up for padding
         assert m["grad_shard_bytes"] == 4 * sum(chunks)
-        assert m["held_bytes"] == 16 * sum(chunks)  # every tensor kept: parameter, gradient and m, v chunks, no more
+        # every tensor kept: parameter, gradient and m, v chunks, and torch Adam's 0-d float32 step per chunk
+        assert m["held_bytes"] == 16 * sum(chunks) + 4 * len(chunks)
         assert m["peak_grad_bytes"] <= 4 * (778 + 4_096) < 4 * psi  # never the full gradient
         assert m["wire_bytes"] == pytest.approx(2 * (n - 1) / n * 4 * n * sum(chunks))  # 2Ψ(n-1)/n values + padding
     assert "-> reduce_scatter_single" in result.timeline
@@ -282,9 +319,11 @@ def test_reference_measures_the_formulas():
     (NotDivided, (3,), "not_divided", "dist.get_world_size()"),
     (Unpadded, (3,), "unequal_pieces", "pad each bucket"),
     (NoGather, (2,), "not_gathered", "all-gather every bucket"),
-    (IgnoresLr, (2,), "lr_ignored", "lr=self.lr"),
+    (IgnoresLr, (2,), "lr_ignored", "**defaults"),
+    (IgnoresOptimizerClass, (2,), "optimizer_class_ignored", "not torch.optim.Adam"),
+    (IgnoresGroupOptions, (2,), "group_options_ignored", "one parameter group per entry"),
     (FreshState, (2,), "state_reset", "restarts Adam"),
-    (HiddenState, (2,), "state_hidden", "self.states[i]"),
+    (HiddenState, (2,), "state_hidden", "self.optimizer"),
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_class_rejects(wrong, world_sizes, mistake, phrase):
     expect_rejection(check_bucketed_zero2, wrong, make_buckets, world_sizes=world_sizes, steps=2, mistake=mistake,

@@ -13,8 +13,8 @@ per bucket of ``numel`` numbers, with chunk = ceil(numel / n):
     8 B x chunk   Adam's two moments (``exp_avg``, ``exp_avg_sq``)
 
 that is 16 bytes x sum over buckets of chunk, plus ``SCALAR_SLACK`` bytes per bucket for scalars
-(a step counter kept as a tensor). The lab's reference holds exactly 16 bytes x its chunks (its step
-counter is a Python int). A kept padded flat gradient adds 4 bytes x chunk x n per bucket, about
+(a step counter kept as a tensor). The lab's reference holds exactly 16 bytes x its chunks plus 4 bytes
+per chunk: ``torch.optim.Adam`` keeps each parameter's step as a 0-d float32 tensor (``torch/optim/adam.py:168``). A kept padded flat gradient adds 4 bytes x chunk x n per bucket, about
 4Ψ: DDP's gradient memory again.
 """
 
