@@ -23,7 +23,7 @@ from solutions.ring_attention import causal_block, merge  # noqa: E402
 
 
 def test_large_scores_overflow_a_naive_exp():
-    """The checker's large case is large enough: e^l is inf in float32 there, so a merge must subtract the max."""
+    """The checker's large case is large enough: e^l is inf in float32 there, so a merge must never form it."""
     ((_, l1), (_, l2)), _ = _partials(40.0, seed=40)
     assert l1.max() > 89 and l2.max() > 89
     assert not torch.isfinite(torch.exp(l1)).all() and not torch.isfinite(torch.exp(l2)).all()
@@ -32,7 +32,7 @@ def test_large_scores_overflow_a_naive_exp():
 def test_hints_point_without_giving_the_answer():
     """A hint names the mistake and points to the idea: none gives the merge's formulas or the zig-zag chunk map."""
     answers = ("exp(l1 - l)", "exp(l2 - l)", "log(e^l1", "e^(l1-m)", "logaddexp", "2n-1-r", "2n - 1 - r", "i > j",
-               "i == j", "chunk r")
+               "i == j", "chunk r", "subtract the max", "all before", "all after")
     for mistake, hint in RING_HINTS.items():
         assert not [a for a in answers if a in hint], (mistake, hint)
 
@@ -75,22 +75,37 @@ def off_by_one_chunk(q_rank, q_part, k_rank, k_part, world_size, layout):
     return "full" if i > j + 1 else "diagonal" if i == j + 1 else "skip"
 
 
+def library_pair(q_rank, q_part, k_rank, k_part, world_size, layout):
+    """The library's own rule on the library's chunk map: right, and refused."""
+    from utils.context_parallel import ring
+
+    return ring._pair(ring.chunk_ids(q_rank, world_size, layout)[q_part],
+                      ring.chunk_ids(k_rank, world_size, layout)[k_part], True)
+
+
+def logaddexp_merge(o1, l1, o2, l2):
+    """Finite at any scores without an explicit maximum: accepted (the checker asks for no overflow, not a recipe)."""
+    l = torch.logaddexp(l1, l2)  # noqa: E741
+    return o1 * torch.exp(l1 - l) + o2 * torch.exp(l2 - l), l
+
+
 def zigzag_second_as_first(q_rank, q_part, k_rank, k_part, world_size, layout):
     """Compares ranks: right for contiguous, wrong for the zig-zag's second chunk (2n-1-r)."""
     return "full" if q_rank > k_rank else "diagonal" if q_rank == k_rank else "skip"
 
 
 @pytest.mark.parametrize("wrong_merge, wrong_rule, mistake, phrase", [
-    (naive_merge, causal_block, "overflow", "subtract the maximum"),
+    (naive_merge, causal_block, "overflow", "no huge number"),
     (averaged_merge, causal_block, "averaged", "not averaged"),
     (max_lse_merge, causal_block, "lse_max", "not max(l1, l2)"),
     (lesson_merge, causal_block, "used_library", "off limits"),
     (the_lesson_merge, causal_block, "used_library", "off limits"),
     (sdpa_merge, causal_block, "used_library", "scaled_dot_product_attention"),
+    (merge, library_pair, "used_library", "chunk_ids (utils.context_parallel.ring)"),
     (merge, off_by_one_chunk, "off_by_one_chunk", "off by one chunk"),
     (merge, zigzag_second_as_first, "zigzag_second_chunk", "not the ranks"),
 ], ids=["naive_merge", "averaged_merge", "max_lse_merge", "lesson_merge", "the_lesson_merge_itself", "sdpa_merge",
-        "off_by_one_chunk", "zigzag_second_as_first"])
+        "library_pair", "off_by_one_chunk", "zigzag_second_as_first"])
 def test_rejects(wrong_merge, wrong_rule, mistake, phrase):
     expect_rejection(check_ring_attention, wrong_merge, wrong_rule, world_sizes=(2,), mistake=mistake, phrase=phrase)
 
@@ -102,3 +117,10 @@ def test_detached_merge_gives_wrong_gradients():
         return o.detach(), l.detach()
 
     expect_rejection(check_ring_attention, detached, causal_block, world_sizes=(2,), mistake="wrong_gradient")
+
+
+def test_a_merge_without_overflow_passes_the_merge_checks():
+    """The large case tests that no exponential overflows, whatever the merge's recipe (here torch.logaddexp)."""
+    from utils.checkers.ring_attention import check_merge
+
+    assert len(check_merge(logaddexp_merge)) == 2

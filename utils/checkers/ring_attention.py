@@ -10,10 +10,11 @@ the learner write its two pieces:
 
 Same conventions as ``utils.checkers.common``. In order:
 
-1. **own work**: the lesson's ``merge`` (``utils.context_parallel``) and ``F.scaled_dot_product_attention`` are off
-   limits: a call to either while the learner's functions run is refused (``used_library``);
-2. **merge**, in this process, float32: at moderate scores against log(e^l1 + e^l2), then at scores near 100-200,
-   where e^l overflows float32 (above ~88.7): the merge must subtract the maximum;
+1. **own work**: the lesson's ring module (``utils.context_parallel.ring``: its ``merge``, its own causal rule
+   ``_pair``, ``chunk_ids``, ``shard``...) and ``F.scaled_dot_product_attention`` are off limits: a call into either
+   while the learner's functions run is refused (``used_library``);
+2. **merge**, in this process, float32: at moderate scores against attention over both blocks, then at scores whose
+   log-sum-exps exceed ~88.7, where e^l overflows float32 (the range is printed): the merge must not overflow;
 3. **causal_block** on every pair of 2, 3, 4 ranks and both layouts, against the rule on global chunk indices;
 4. **the ring** on 2, 3, 4 (and WORLD_SIZE) CPU ranks with the learner's pieces inside
    ``ring_attention(merge_fn=, block_rule=)``, causal, both layouts, and full attention: outputs and the gradients
@@ -30,8 +31,9 @@ from ..context_parallel.ring import chunk_ids, ring_attention, shard, unshard
 from .common import CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error, watched_call
 
 RING_HINTS = {  # each names the mistake and points to the idea; none gives the formula or the chunk map
-    "used_library": "write the merge and the rule yourself: the lesson's merge (utils.context_parallel) and "
-                    "F.scaled_dot_product_attention compute the answer for you and are off limits in this lab.",
+    "used_library": "write the merge and the rule yourself: the lesson's ring module (utils.context_parallel: its "
+                    "merge, its causal rule, chunk_ids, shard) and F.scaled_dot_product_attention compute the answer "
+                    "for you and are off limits in this lab.",
     "not_pair": "merge must return a pair (o, l): o shaped like o1, l shaped like l1.",
     "lse_max": "l is not max(l1, l2): the smaller block still holds part of the softmax mass. l is the log of the "
                "softmax's denominator over both blocks; Step 1 says what that denominator is.",
@@ -41,19 +43,21 @@ RING_HINTS = {  # each names the mistake and points to the idea; none gives the 
                 "block holds, and the two shares sum to 1.",
     "weights": "l is right but o is not: weight each block's output by its block's share of the denominator over "
                "both blocks (Step 1); the two weights must sum to 1.",
-    "overflow": "an exponential overflowed float32 (above ~88.7): never exponentiate a log-sum-exp as large as these. "
-                "The weights you need lie between 0 and 1; subtract the maximum before any exp so that no exponent "
-                "is positive.",
+    "overflow": "an exponential overflowed float32 (above ~88.7) at scores this large: your merge forms a number "
+                "as large as e^l on the way. The weights you need are ratios of such numbers and lie between 0 and "
+                "1: can you write them so that no huge number is ever formed?",
     "not_kind": "causal_block returns one of the strings \"full\", \"diagonal\" or \"skip\".",
     "off_by_one_chunk": "your rule is off by one chunk, at the diagonal: which key chunk holds a query chunk's own "
                         "tokens, and which is the first that it sees in full?",
     "zigzag_second_chunk": "right except on the zig-zag layout's part 1: a rank's second chunk does not sit at the "
                            "rank's own place in the sequence. Compare the chunks' places in the sequence, not the "
                            "ranks (Step 2 prints where each part sits).",
-    "causal_rule": "find both chunks' places in the sequence for the layout (Step 2), then ask: are the key chunk's "
-                   "tokens all before the query chunk's, the same tokens, or all after?",
+    "causal_rule": "your rule gives the wrong kind for the pair below, on both layouts or on the contiguous one: "
+                   "find both chunks' places in the sequence for the layout (Step 2), and decide from those places "
+                   "what the causal mask keeps.",
     "wrong_output": "the ring's output differs from one process's attention although merge and the rule pass "
-                    "the checks above: does merge keep the autograd graph (no .detach(), no in-place update)?",
+                    "the checks above (in float32): the ring runs in float64; does merge keep its inputs' dtype "
+                    "and use nothing but its four arguments?",
     "wrong_gradient": "the outputs agree but the gradients of q, k, v do not: keep merge differentiable (no "
                       "detach, no torch.no_grad, no in-place writes into o1 or l1).",
     "deadlock": "the ring never finished: your functions must return on every rank without waiting for anything.",
@@ -64,14 +68,14 @@ RING_TOL = dict(rtol=1e-6, atol=1e-8)  # float64 ring vs float64 attention
 
 
 def _own(fn, *args):
-    """``fn(*args)``, refused when it called the lesson's merge or scaled_dot_product_attention (a profile hook)."""
+    """``fn(*args)``, refused when it called into the lesson's ring module or scaled_dot_product_attention."""
     __tracebackhide__ = True
     lesson = ring_module.__file__.replace("\\", "/")
 
     def forbidden(frame, event, arg):
         where = frame.f_code.co_filename.replace("\\", "/")
-        if event == "call" and where == lesson and frame.f_code.co_name == "merge":
-            return "the lesson's merge (utils.context_parallel)"
+        if event == "call" and where == lesson:  # merge, _pair, chunk_ids, shard, ...: the lesson's ring module
+            return f"the lesson's {frame.f_code.co_name} (utils.context_parallel.ring)"
         if event == "c_call" and "scaled_dot_product_attention" in getattr(arg, "__name__", ""):
             return "F.scaled_dot_product_attention"
 
@@ -87,12 +91,12 @@ def _partials(scale, seed):
     """Two real partial results (o, l) of 6 queries over two blocks of 5 and 7 keys, float32; and the exact pair."""
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(2, 6, 8, generator=g, dtype=torch.float64) for _ in range(3))
-    k = torch.cat([k, torch.randn(2, 4, 8, generator=g, dtype=torch.float64)], 1)
-    v = torch.cat([v, torch.randn(2, 4, 8, generator=g, dtype=torch.float64)], 1)
+    k = torch.cat([k, torch.randn(2, 6, 8, generator=g, dtype=torch.float64)], 1)  # 12 keys
+    v = torch.cat([v, torch.randn(2, 6, 8, generator=g, dtype=torch.float64)], 1)
     scores = q @ k.transpose(-2, -1) * scale
     scores[..., 5:] += scale  # the second block's scores sit higher: unequal weights
     parts = []
-    for sl in (slice(0, 5), slice(5, 10)):
+    for sl in (slice(0, 5), slice(5, 12)):  # uneven blocks: 5 and 7 keys
         l = torch.logsumexp(scores[..., sl], -1, keepdim=True)  # noqa: E741
         parts.append((torch.exp(scores[..., sl] - l) @ v[..., sl, :], l))
     l = torch.logsumexp(scores, -1, keepdim=True)  # noqa: E741
@@ -104,9 +108,9 @@ def check_merge(merge):
     """The merge alone, in this process: moderate scores, then scores whose exponentials overflow float32."""
     __tracebackhide__ = True
     lines = []
-    for scale, what in ((1.0, "moderate scores (|l| < 10)"),
-                        (40.0, "large scores (l up to ~200: e^l overflows float32)")):
+    for scale, what in ((1.0, "moderate scores"), (40.0, "large scores (e^l overflows float32 above ~88.7)")):
         ((o1, l1), (o2, l2)), (o, l) = _partials(scale, seed=int(scale))
+        what = f"{what}, l1 in [{l1.min():.1f}, {l1.max():.1f}], l2 in [{l2.min():.1f}, {l2.max():.1f}]"
         out = _own(merge, o1, l1, o2, l2)
         if not isinstance(out, tuple | list) or len(out) != 2 or not all(isinstance(t, torch.Tensor) for t in out) \
                 or out[0].shape != o1.shape or out[1].shape != l1.shape:
@@ -114,7 +118,7 @@ def check_merge(merge):
                                          f"l {tuple(l1.shape)}).")
         got_o, got_l = (t.double() for t in out)
         if not (torch.isfinite(got_o).all() and torch.isfinite(got_l).all()):
-            fail(RING_HINTS, "overflow", f"at {what}, l1 up to {l1.max():.1f}, your merge returned "
+            fail(RING_HINTS, "overflow", f"at {what}, your merge returned "
                                          f"{int((~torch.isfinite(got_o)).sum())} non-finite entries of o and "
                                          f"{int((~torch.isfinite(got_l)).sum())} of l.")
         if not close(got_l, l, ANSWER_TOL):

@@ -90,9 +90,10 @@ def block_attention(q, k, v, diagonal=False, scale=None):
 def merge(acc, new):
     """Online softmax: two (output, log-sum-exp) pairs over disjoint key blocks -> the pair over both, exactly.
 
-    acc, new: (output (..., sq, d), log-sum-exp (..., sq, 1)); acc None (nothing merged yet) returns new. With
-    lse = log(e^lse1 + e^lse2), each output is re-weighted by the share of the softmax mass its block holds. Exact in
-    any order of the blocks, and finite at any scores (lab 14 writes it; tests/test_context_parallel.py tests it).
+    acc, new: (output (..., sq, d), log-sum-exp (..., sq, 1)); acc None (nothing merged yet) returns new. The result
+    is the output and log-sum-exp of both blocks' scores together: each output re-weighted by the share of the
+    softmax mass its block holds. Exact in any order of the blocks, and finite at any scores (lab 14 writes it;
+    tests/test_context_parallel.py tests it).
     """
     if acc is None:
         return new
@@ -134,6 +135,11 @@ def _pair(q_chunk, k_chunk, causal):
     return "diagonal" if q_chunk == k_chunk else "skip"
 
 
+def _block_kind(q_rank, q_part, k_rank, k_part, world_size, layout, causal=True):
+    """``_pair`` of q_rank's chunk q_part and k_rank's chunk k_part: lab 14's ``causal_block``, the library's own."""
+    return _pair(chunk_ids(q_rank, world_size, layout)[q_part], chunk_ids(k_rank, world_size, layout)[k_part], causal)
+
+
 def ring_attention(q, k, v, causal=False, layout="contiguous", stats=None, merge_fn=None, block_rule=None, group=None):
     """Attention of this rank's queries to the whole sequence, K/V passed around the ring n-1 times.
 
@@ -145,22 +151,22 @@ def ring_attention(q, k, v, causal=False, layout="contiguous", stats=None, merge
     all ranks), ranked in the group's order.
     """
     rank, n = dist.get_rank(group), dist.get_world_size(group)
-    mine = chunk_ids(rank, n, layout)
-    c = q.shape[-2] // len(mine)  # tokens per chunk
+    parts = _chunks(n, layout) // n  # chunks per rank: 1 contiguous, 2 zig-zag
+    c = q.shape[-2] // parts  # tokens per chunk
     check_sequence(c * _chunks(n, layout), n, layout)
     q_chunks = q.split(c, dim=-2)
-    acc = [None] * len(mine)
+    acc = [None] * parts
+    rule = block_rule if causal and block_rule is not None else _block_kind  # what a pair needs: full, diagonal, skip
     kv = torch.stack([k, v])  # (2, b, heads, s/n, d): K and V travel as one message
     computed, unmasked, per_step = 0, 0, []
     for step in range(n):
         if step:
             kv = RingPass.apply(kv, group)  # now holding the block of rank (rank - step) mod n
-        theirs = chunk_ids((rank - step) % n, n, layout)
+        src = (rank - step) % n  # the rank whose K/V block this is
         step_entries = 0
-        for i, qc in enumerate(mine):
-            for j, kc in enumerate(theirs):
-                kind = _pair(qc, kc, causal) if block_rule is None or not causal else \
-                    block_rule(rank, i, (rank - step) % n, j, n, layout)
+        for i in range(parts):
+            for j in range(parts):
+                kind = rule(rank, i, src, j, n, layout) if causal else "full"
                 if kind == "skip":
                     continue
                 block = block_attention(q_chunks[i], kv[0, ..., j * c:(j + 1) * c, :],

@@ -28,6 +28,10 @@ def cp_bytes(model: ModelShape, plan: Plan, element_bytes: int, backward: str = 
              grad_bytes: int = 4) -> float:
     """Bytes one cp rank sends per step. Per layer and micro-batch a block is its chunk's K and V,
     2 b (s/cp) kv_heads d / tp values (a tp rank holds kv_heads/tp heads); the forward passes it (cp - 1) times.
+    That is a ring that passes the K/V heads as the model has them. The course's ring (``utils/mesh/context4d.py``)
+    expands K and V to all heads (``repeat_interleave``) before passing them, so it sends heads, not kv_heads, per
+    block: heads/kv_heads times this count under grouped-query attention. The capstone has kv_heads == heads, so
+    there the two agree (lesson 14, section 6, measures it).
 
     ``backward`` says which ring backward is counted:
 
