@@ -62,7 +62,8 @@ class LitToy(L.LightningModule):
 
     ``train_data``/``val_data``: TensorDatasets. ``shuffle=False`` keeps lesson 02's order (rank r takes
     samples r, r+n, ... of each global batch); the Trainer must get ``use_distributed_sampler=False``
-    so that Lightning does not replace our sampler with a shuffling one. ``shard=True`` applies FSDP2
+    to say that we shard the data ourselves (Lightning would keep our sampler anyway: it injects its own only into
+    a loader without a ``DistributedSampler``). ``shard=True`` applies FSDP2
     in ``configure_model`` (under ``ModelParallelStrategy``). ``num_workers``: DataLoader processes per
     rank. ``out_dir``: each rank writes what it saw there when training ends, because a forked or
     spawned rank's Python objects die with it.
