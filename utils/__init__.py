@@ -45,14 +45,17 @@ Each module holds one idea and names the notebook that derives it; each folder's
 Importing ``utils`` starts nothing, seeds nothing and prints nothing. It sets one environment
 variable, ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` (unless you set it): ``torch.cuda.is_available()``
 then asks the driver instead of initialising CUDA, which would leave this process unable to
-hand CUDA to a child.
+hand CUDA to a child. On a CUDA build of torch with no NVIDIA driver it also sets
+``CUDA_VISIBLE_DEVICES=""`` (unless you set it; ``utils.hardware.hide_cuda_without_driver`` says why).
 """
 
 import os
 
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # before anything asks torch.cuda
 
-from .hardware import describe_machine
+from .hardware import describe_machine, hide_cuda_without_driver
+
+hide_cuda_without_driver()  # before anything asks torch.cuda, as the line above
 from .datasets import digits
 from .launch import RankError, RankTimeoutError, rank_device, run_ranks
 from .comm.ledger import CommLedger, loopback_bytes
