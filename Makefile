@@ -113,6 +113,18 @@ guide: setup  ## rewrites TEACHING.md, the teacher's guide, from the measured mi
 test-matrix: setup  ## every notebook at every WORLD_SIZE from 1 to 6 it supports (metadata.course.world_sizes; long)
 	$(BIN)/python -m pytest $(XDIST) -m notebook --world-sizes=1,2,3,4,5,6 $(PYTEST_ARGS)
 
+# Another torch (a new release, before it joins utils/torch_versions.py's range): its own environment (TORCH_VENV,
+# made once, reused), the whole suite there, and build/torch-$(TORCH)/report.md: the notebooks, claim pointers and
+# other tests that broke (tests/torch_suite.py). .venv and `make test` are untouched; needs no `make setup`.
+TORCH ?=
+TORCH_VENV ?= build/torch-$(TORCH)/venv
+
+.PHONY: test-torch
+test-torch:  ## the whole suite on TORCH=2.15.0 in its own environment (TORCH_VENV=dir); report in build/torch-$(TORCH)/
+	@test -n "$(TORCH)" || { echo "make test-torch TORCH=2.15.0: which torch release to run the suite on"; exit 1; }
+	$(PYTHON) tests/torch_suite.py $(TORCH) --venv $(TORCH_VENV) --python $(PYTHON) --workers $(TEST_WORKERS) \
+	  -- $(PYTEST_ARGS)
+
 .PHONY: robust
 robust: setup  ## one core kept busy: the notebook suite, then each timing-sensitive notebook 5 times (long)
 	$(BIN)/python tests/robustness.py $(ROBUST_ARGS)
