@@ -50,3 +50,13 @@ def test_pins_but_torch_leave_torch_out():
     pins = torch_suite.pins_but_torch()
     assert pins and not any(p.lower().startswith("torch==") for p in pins) and any("lightning" in p for p in pins)
     assert json.dumps(pins)  # the stamp stores them
+
+
+def test_options_then_pytest_arguments():
+    """As the Makefile calls it: the options after the version, then ``--`` and PYTEST_ARGS (maybe none)."""
+    args, rest = torch_suite.parse_args(["2.15.0", "--venv", "/envs/2.15.0", "--python", "python3", "--workers",
+                                         "auto", "--", "-k", "ddp", "-x"])
+    assert (args.torch, args.venv, args.python, args.workers, rest) == (
+        "2.15.0", Path("/envs/2.15.0"), "python3", "auto", ["-k", "ddp", "-x"])
+    args, rest = torch_suite.parse_args(["2.14.1", "--workers", "2", "--"])
+    assert (args.torch, args.venv, args.workers, rest) == ("2.14.1", None, "2", [])

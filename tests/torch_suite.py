@@ -163,16 +163,20 @@ def write_report(out: Path, version: str, torch_line: str, junit: dict, claims: 
     return text
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv):
+    """(options, pytest arguments): everything after ``--`` goes to pytest untouched."""
+    ours, pytest_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="after --: arguments for pytest")
     parser.add_argument("torch", help="the torch release, e.g. 2.15.0")
     parser.add_argument("--venv", type=Path, help="its environment (default build/torch-<version>/venv)")
     parser.add_argument("--out", type=Path, help="the report and junit.xml (default build/torch-<version>)")
     parser.add_argument("--python", default=sys.executable, help="the Python that makes the environment")
     parser.add_argument("--workers", default="auto", help="pytest-xdist workers, as TEST_WORKERS (default auto)")
-    parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: passed to pytest")
-    args = parser.parse_args(argv)
+    return parser.parse_args(ours), pytest_args
+
+
+def main(argv=None) -> int:
+    args, pytest_args = parse_args(sys.argv[1:] if argv is None else argv)
     out = (args.out or ROOT / "build" / f"torch-{args.torch}").resolve()
     venv = (args.venv or out / "venv").resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -185,7 +189,6 @@ def main(argv=None) -> int:
     junit_path = out / "junit.xml"
     junit_path.unlink(missing_ok=True)
     load_start, start = os.getloadavg(), time.monotonic()
-    pytest_args = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
     code = run_suite(bin_python, junit_path, args.workers, pytest_args)
     seconds, load_end = time.monotonic() - start, os.getloadavg()
     junit = read_junit(junit_path) if junit_path.exists() else dict(
