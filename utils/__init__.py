@@ -5,6 +5,7 @@ Each module holds one idea and names the notebook that derives it; each folder's
 - ``utils.launch``: ``run_ranks`` and the ``%%ranks N`` magic, the launcher behind every multi-rank cell: a package
   whose files each run in one process (kernel, rank server, rank) (notebook 00).
 - ``utils.hardware``: what this machine has, said out loud (notebook 00).
+- ``utils.torch_versions``: the torch releases the course runs on (``make setup SYSTEM_TORCH=1``, ``make preflight``).
 - ``utils.models``: ``ToyNet``, the course model with a frozen parameter, a buffer and a tied weight (notebook 02a).
 - ``utils.datasets``: small real data sets shipped inside packages, e.g. ``digits()`` (notebook 02a), and
   ``AugmentedDigits``, augmented in pure Python (notebooks 08a and 08b).
