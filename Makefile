@@ -4,8 +4,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 # SYSTEM_TORCH=1 keeps the torch that $(PYTHON) already has (the CUDA build of a GPU box or a hosted
-# notebook), if it is 2.11-2.13: .venv sees the system's packages, the other pins go in beside that
-# torch under a constraints file naming its exact version, and the course itself with --no-deps.
+# notebook), if the course runs on it (utils/torch_versions.py: 2.11-2.15): .venv sees the system's packages,
+# the other pins go in beside that torch under a constraints file naming its exact version, and the course
+# itself with --no-deps.
 SYSTEM_TORCH ?=
 STAMP  := $(VENV)/.installed-stamp$(if $(SYSTEM_TORCH),-system-torch)
 LAB_ARGS ?=
@@ -13,17 +14,19 @@ PYTEST_ARGS ?=
 # JupyterLab refuses to run as root (common in workshop containers) unless told it may.
 ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-# Prints "torch==<the installed version>" (a pip constraint), or stops: no torch, or outside 2.11-2.13.
+# Prints "torch==<the installed version>" (a pip constraint), or stops: no torch, or one outside the range
+# utils/torch_versions.py states (read with runpy: it imports nothing, and nothing is installed yet).
 define SYSTEM_TORCH_PIN
-import importlib.metadata as metadata, sys
+import importlib.metadata as metadata, runpy, sys
+supported = runpy.run_path("utils/torch_versions.py")
 try:
     version = metadata.version("torch")
 except metadata.PackageNotFoundError:
-    sys.exit(f"SYSTEM_TORCH=1 keeps the torch of {sys.executable}, which has none: install torch 2.11-2.13 "
-             "there, or leave out SYSTEM_TORCH=1 and .venv gets torch 2.13.0")
-if not (2, 11) <= tuple(int(x) for x in version.split("+")[0].split(".")[:2]) <= (2, 13):
-    sys.exit(f"SYSTEM_TORCH=1: the course runs on torch 2.11 to 2.13, and {sys.executable} has torch {version}: "
-             "use another Python (make PYTHON=...), or leave out SYSTEM_TORCH=1 and .venv gets torch 2.13.0")
+    sys.exit(f"SYSTEM_TORCH=1 keeps the torch of {sys.executable}, which has none: install torch "
+             f"{supported['SUPPORTED']} there, or leave out SYSTEM_TORCH=1 and .venv gets torch 2.13.0")
+if not supported["is_supported"](version):
+    sys.exit(f"SYSTEM_TORCH=1: the course runs on torch {supported['SUPPORTED']}, and {sys.executable} has torch "
+             f"{version}: use another Python (make PYTHON=...), or leave out SYSTEM_TORCH=1 and .venv gets torch 2.13.0")
 print(f"torch=={version}")
 endef
 # Prints pyproject.toml's dependencies, one a line, all but torch.
@@ -109,6 +112,18 @@ guide: setup  ## rewrites TEACHING.md, the teacher's guide, from the measured mi
 .PHONY: test-matrix
 test-matrix: setup  ## every notebook at every WORLD_SIZE from 1 to 6 it supports (metadata.course.world_sizes; long)
 	$(BIN)/python -m pytest $(XDIST) -m notebook --world-sizes=1,2,3,4,5,6 $(PYTEST_ARGS)
+
+# Another torch (a new release, before it joins utils/torch_versions.py's range): its own environment (TORCH_VENV,
+# made once, reused), the whole suite there, and build/torch-$(TORCH)/report.md: the notebooks, claim pointers and
+# other tests that broke (tests/torch_suite.py). .venv and `make test` are untouched; needs no `make setup`.
+TORCH ?=
+TORCH_VENV ?= build/torch-$(TORCH)/venv
+
+.PHONY: test-torch
+test-torch:  ## the whole suite on TORCH=2.15.0 in its own environment (TORCH_VENV=dir); report in build/torch-$(TORCH)/
+	@test -n "$(TORCH)" || { echo "make test-torch TORCH=2.15.0: which torch release to run the suite on"; exit 1; }
+	$(PYTHON) tests/torch_suite.py $(TORCH) --venv $(TORCH_VENV) --python $(PYTHON) --workers $(TEST_WORKERS) \
+	  -- $(PYTEST_ARGS)
 
 .PHONY: robust
 robust: setup  ## one core kept busy: the notebook suite, then each timing-sensitive notebook 5 times (long)

@@ -69,3 +69,19 @@ def test_a_failing_fit_raises_in_the_caller():
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     with pytest.raises(Exception, match="a rank failed"):
         fit_on_forked_ranks(trainer, Broken(tempfile.mkdtemp()))
+
+
+def test_ranks_still_fork_after_the_server_imported_deepspeed():
+    """DeepSpeed asks torch for the GPU count at import, and the rank server imports what the caller has
+    (``mirror_imports``). On a CUDA build of torch with no NVIDIA driver that question used to leave every
+    later fork "in bad fork", and ``ddp_notebook`` refused to start ("Cannot re-initialize CUDA in forked
+    subprocess"); ``import utils`` now hides the absent GPUs first (``utils.hardware.hide_cuda_without_driver``).
+    On a CPU build or a GPU box this runs as the test above."""
+    import deepspeed  # noqa: F401 - the server mirrors it before the launch below
+
+    out_dir = tempfile.mkdtemp()
+    model = Tiny(out_dir)
+    trainer = L.Trainer(accelerator="cpu", devices=1, strategy="ddp_notebook", max_steps=2, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    fit_on_forked_ranks(trainer, model)
+    assert trainer.state.finished and len(list(Path(out_dir).glob("rank*.json"))) == 1

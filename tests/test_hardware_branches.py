@@ -7,8 +7,11 @@ and the branch the lesson takes on them (``half_precision``, ``expected_fp16_out
 functions notebooks 07a and 07b call.
 """
 
+import os
+import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -118,3 +121,50 @@ def test_real_machine_gives_bools():
     support = hw.precision_support()
     assert all(type(v) is bool for k, v in vars(support).items() if k != "accelerator")
     assert hw.expected_fp16_outcome(support) in ("accepted", "refused")
+
+
+# ------------------------------------------------------------------ a CUDA build of torch with no NVIDIA driver
+
+def _machine(monkeypatch, cuda, loadable, system="Linux"):
+    """torch built with CUDA ``cuda`` (None: a CPU build), on a machine where only ``loadable`` libraries load."""
+    def fake_cdll(name):
+        if name not in loadable:
+            raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(hw.torch.version, "cuda", cuda)
+    monkeypatch.setattr(hw.ctypes, "CDLL", fake_cdll)
+    monkeypatch.setattr(hw.platform, "system", lambda: system)
+
+
+@pytest.mark.parametrize("cuda, loadable, system, hidden", [
+    ("13.0", [], "Linux", True),  # pip's CUDA wheel on a laptop or a CI box: no driver at all
+    ("13.0", ["libnvidia-ml.so.1", "libcuda.so.1"], "Linux", False),  # a GPU box
+    ("13.0", ["libcuda.so.1"], "Linux", False),  # a driver without NVML: left alone, a GPU may be there
+    (None, [], "Linux", False),  # the CPU build never asks CUDA
+    ("13.0", [], "Darwin", False),
+])
+def test_cuda_hidden_only_where_no_driver_can_run_it(monkeypatch, cuda, loadable, system, hidden):
+    _machine(monkeypatch, cuda, loadable, system)
+    environ = {}
+    assert hw.hide_cuda_without_driver(environ) is hidden
+    assert environ == ({"CUDA_VISIBLE_DEVICES": ""} if hidden else {})
+
+
+def test_a_learners_cuda_visible_devices_is_kept(monkeypatch):
+    _machine(monkeypatch, "13.0", [])
+    environ = {"CUDA_VISIBLE_DEVICES": "0"}
+    assert hw.hide_cuda_without_driver(environ) is False and environ == {"CUDA_VISIBLE_DEVICES": "0"}
+
+
+def test_no_bad_fork_after_deepspeed_asks_for_gpus():
+    """What the hiding is for, in a fresh Python: ``import utils``, then DeepSpeed's import (which counts the
+    GPUs), then a fork; the child must not be "in bad fork". Only a CUDA build with no driver could fail it."""
+    code = ("import os, utils, deepspeed, torch\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    os._exit(3 if torch.cuda._is_in_bad_fork() else 0)\n"
+            "print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n")
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(hw.__file__).resolve().parents[1], env=env)
+    assert run.returncode == 0 and run.stdout.strip().splitlines()[-1] == "0", (run.stdout, run.stderr[-2000:])

@@ -41,6 +41,15 @@ def test_torch_branches():
     assert pf.check_torch("2.9.0", "12.6", gpus=1, driver_gpus=1).status == "fail"
 
 
+@pytest.mark.parametrize("version, status", [("2.10.0", "fail"), ("2.11.0+cu130", "ok"), ("2.13.0+cpu", "ok"),
+                                             ("2.14.1", "ok"), ("2.15.0+cu130", "ok"), ("2.16.0", "fail")])
+def test_torch_range(version, status):
+    """The range is utils/torch_versions.py's, the one the Makefile's SYSTEM_TORCH=1 reads too."""
+    check = pf.check_torch(version, "13.0", gpus=0, driver_gpus=0)
+    assert check.status == status, check.line()
+    assert status == "ok" or "the course runs on 2.11 to 2.15" in check.detail
+
+
 @pytest.mark.parametrize("cores, learners, status", [(16, 4, "ok"), (8, 4, "ok"), (2, 4, "warn"), (2, 1, "ok"),
                                                      (2, 5, "fail")])
 def test_cores_per_learner(cores, learners, status):

@@ -41,19 +41,28 @@ def _make(*args, **env):
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
 def test_system_torch_option(tmp_path):
-    """README: `make ... SYSTEM_TORCH=1` keeps the system's torch, and refuses one outside 2.11-2.13."""
+    """README: `make ... SYSTEM_TORCH=1` keeps the system's torch, and refuses one outside 2.11-2.15
+    (utils/torch_versions.py): 2.10 and 2.16 refused, before anything is made; 2.11.0 and 2.15.0 kept."""
     venv = tmp_path / "venv"
     plain = _make("-n", "setup", f"VENV={venv}").stdout
     keep = _make("-n", "setup", "SYSTEM_TORCH=1", f"VENV={venv}").stdout
     for flag in ("--system-site-packages", "--constraint", "--no-deps"):
         assert flag in keep and flag not in plain, flag
-    old = tmp_path / "site" / "torch-2.10.0.dist-info"  # a torch that only importlib.metadata can see
-    old.mkdir(parents=True)
-    (old / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.10.0\n")
-    run = _make("-s", "setup", "SYSTEM_TORCH=1", f"VENV={venv}", f"PYTHON={sys.executable}", PYTHONPATH=str(old.parent))
-    assert run.returncode != 0, run.stdout
-    assert "runs on torch 2.11 to 2.13" in run.stderr and "has torch 2.10.0" in run.stderr, run.stderr
-    assert not venv.exists(), "refused before creating anything"
+    for version in ("2.10.0", "2.16.0", "2.11.0", "2.15.0+cu130"):
+        site = tmp_path / version
+        fake = site / f"torch-{version}.dist-info"  # a torch that only importlib.metadata can see
+        fake.mkdir(parents=True)
+        (fake / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
+        if version in ("2.10.0", "2.16.0"):
+            run = _make("-s", "setup", "SYSTEM_TORCH=1", f"VENV={venv}", f"PYTHON={sys.executable}",
+                        PYTHONPATH=str(site))
+            assert run.returncode != 0, run.stdout
+            assert "runs on torch 2.11 to 2.15" in run.stderr and f"has torch {version}" in run.stderr, run.stderr
+            assert not venv.exists(), "refused before creating anything"
+        else:  # the Makefile's own check, run as set-up runs it (make setup would go on to install)
+            pin = _make("-s", "--eval", "print-pin: ; @$(PYTHON) -c \"$$SYSTEM_TORCH_PIN\"", "print-pin",
+                        f"PYTHON={sys.executable}", PYTHONPATH=str(site))
+            assert pin.returncode == 0 and pin.stdout.strip() == f"torch=={version}", pin.stderr
 
 
 def _tracked_notebooks():

@@ -5,6 +5,7 @@ Each module holds one idea and names the notebook that derives it; each folder's
 - ``utils.launch``: ``run_ranks`` and the ``%%ranks N`` magic, the launcher behind every multi-rank cell: a package
   whose files each run in one process (kernel, rank server, rank) (notebook 00).
 - ``utils.hardware``: what this machine has, said out loud (notebook 00).
+- ``utils.torch_versions``: the torch releases the course runs on (``make setup SYSTEM_TORCH=1``, ``make preflight``).
 - ``utils.models``: ``ToyNet``, the course model with a frozen parameter, a buffer and a tied weight (notebook 02a).
 - ``utils.datasets``: small real data sets shipped inside packages, e.g. ``digits()`` (notebook 02a), and
   ``AugmentedDigits``, augmented in pure Python (notebooks 08a and 08b).
@@ -45,14 +46,17 @@ Each module holds one idea and names the notebook that derives it; each folder's
 Importing ``utils`` starts nothing, seeds nothing and prints nothing. It sets one environment
 variable, ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` (unless you set it): ``torch.cuda.is_available()``
 then asks the driver instead of initialising CUDA, which would leave this process unable to
-hand CUDA to a child.
+hand CUDA to a child. On a CUDA build of torch with no NVIDIA driver it also sets
+``CUDA_VISIBLE_DEVICES=""`` (unless you set it; ``utils.hardware.hide_cuda_without_driver`` says why).
 """
 
 import os
 
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # before anything asks torch.cuda
 
-from .hardware import describe_machine
+from .hardware import describe_machine, hide_cuda_without_driver
+
+hide_cuda_without_driver()  # before anything asks torch.cuda, as the line above
 from .datasets import digits
 from .launch import RankError, RankTimeoutError, rank_device, run_ranks
 from .comm.ledger import CommLedger, loopback_bytes

@@ -4,6 +4,7 @@ Notebook 00 prints it; later lessons print it above their timings. `precision_su
 DeepSpeed and torch say about fp16, bf16 and AMX here, as plain bools (derived in notebook 07a).
 """
 
+import ctypes
 import dataclasses
 import os
 import platform
@@ -19,7 +20,8 @@ def describe_machine() -> dict:
     """CPU cores, memory, GPUs and the communication backends this torch build offers.
 
     Nothing here initialises CUDA in this process (``torch.cuda.device_count()`` asks the driver,
-    names come from ``nvidia-smi``), so a child process can still use CUDA afterwards.
+    names come from ``nvidia-smi``), so a child process can still use CUDA afterwards; on a CUDA build
+    with no NVIDIA driver, ``hide_cuda_without_driver`` (run by ``import utils``) keeps it so.
     """
     gpus = torch.cuda.device_count()
     return {
@@ -33,6 +35,40 @@ def describe_machine() -> dict:
         "backends": [b for b, ok in (("gloo", dist.is_gloo_available()), ("nccl", dist.is_nccl_available()),
                                      ("mpi", dist.is_mpi_available())) if ok],
     }
+
+
+def cuda_build_without_driver() -> bool:
+    """A CUDA build of torch on a Linux machine with no NVIDIA driver: what ``pip install torch`` gives a
+    laptop or a CI box. Neither of the driver's libraries loads, NVML (``libnvidia-ml.so.1``) nor the
+    driver API (``libcuda.so.1``), so CUDA cannot run here whatever torch is asked."""
+    if not torch.version.cuda or platform.system() != "Linux":
+        return False
+    for library in ("libnvidia-ml.so.1", "libcuda.so.1"):
+        try:
+            ctypes.CDLL(library)  # loading is not initialising: CUDA stays untouched
+            return False
+        except OSError:
+            pass
+    return True
+
+
+def hide_cuda_without_driver(environ=None) -> bool:
+    """On a CUDA build with no NVIDIA driver, sets ``CUDA_VISIBLE_DEVICES=""`` (unless you set it): no GPU,
+    said to torch in the one way that asks nothing of CUDA. Returns whether it did. ``import utils`` calls it.
+
+    Why: ``torch.cuda.device_count()`` asks NVML, and where NVML is missing it falls back to the CUDA
+    runtime (``torch/cuda/__init__.py``, ``device_count``), which registers a fork handler: every process
+    forked afterwards is "in bad fork" (``torch.cuda._is_in_bad_fork()``), even with no GPU at all. DeepSpeed
+    asks at import (``deepspeed/accelerator/real_accelerator.py``: ``torch.cuda.device_count() > 0``), so a
+    rank server that imported DeepSpeed forked only such processes, and Lightning's ``ddp_notebook`` refuses to
+    start from one (``_check_bad_cuda_fork``: "Cannot re-initialize CUDA in forked subprocess"). With no visible
+    device, ``device_count`` answers 0 from the variable alone (``_device_count_nvml``) and never falls back.
+    A CPU build never asks CUDA, and a machine with a driver has NVML: both are left as they are."""
+    environ = os.environ if environ is None else environ
+    if "CUDA_VISIBLE_DEVICES" in environ or not cuda_build_without_driver():
+        return False
+    environ["CUDA_VISIBLE_DEVICES"] = ""
+    return True
 
 
 def usable_cores() -> int:

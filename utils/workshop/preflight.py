@@ -35,6 +35,7 @@ import torch.distributed as dist
 from ..hardware import usable_cores
 from ..launch import RankError, run_ranks
 from ..launch.server_handle import rank_server
+from ..torch_versions import SUPPORTED, is_supported
 from .seats import deal_seats
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,10 +73,9 @@ def check_torch(version=None, cuda_build="unset", gpus=None, driver_gpus=None) -
     cuda_build = torch.version.cuda if cuda_build == "unset" else cuda_build
     gpus = torch.cuda.device_count() if gpus is None else gpus
     driver_gpus = _nvidia_smi_gpus() if driver_gpus is None else driver_gpus
-    major_minor = tuple(int(x) for x in version.split("+")[0].split(".")[:2])
     build = f"CUDA {cuda_build}" if cuda_build else "CPU-only build"
-    if not (2, 11) <= major_minor <= (2, 13):
-        return Check("torch", "fail", f"{version}; the course runs on 2.11-2.13",
+    if not is_supported(version):
+        return Check("torch", "fail", f"{version}; the course runs on {SUPPORTED}",
                      "rm -rf .venv && make setup (installs torch 2.13.0)")
     if driver_gpus and not cuda_build:
         return Check("torch", "fail", f"{version}, {build}, but nvidia-smi lists {driver_gpus} GPU(s)",
