@@ -37,23 +37,11 @@ import tokenize
 from collections import Counter
 from pathlib import Path
 
+from minutes import key, notebooks, source  # one list of the course's notebooks, one way to name and read them
+
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONAL = {"nbgrader": "teacher", "jupyterhub": "teacher"}  # top-level package -> the extra that installs it
 FIELDS = ("cell", "says", "file", "code")
-
-
-def notebooks():
-    return sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "labs").glob("*.ipynb"))
-
-
-def key(path):
-    path = Path(path)
-    return f"{path.parent.name}/{path.name}"
-
-
-def source(cell):
-    s = cell["source"]
-    return s if isinstance(s, str) else "".join(s)
 
 
 def squash(text):
