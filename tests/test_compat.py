@@ -1,4 +1,4 @@
-"""utils.comm.compat: the same collectives on torch 2.11-2.13, and CommLedger's bytes through its fallbacks.
+"""utils.comm.compat: the same collectives on torch 2.11-2.15, and CommLedger's bytes through its fallbacks.
 
 The fallbacks are what torch 2.11 takes; on a newer torch they are forced by taking the new names
 away (``all_gather_single``, ``reduce_scatter_single``) or by making the list ``all_to_all`` refuse

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from utils.comm import compat  # all_gather_single / reduce_scatter_single on torch 2.11-2.13
+from utils.comm import compat  # all_gather_single / reduce_scatter_single on torch 2.11-2.15
 from utils.sharding.groups import param_groups
 
 

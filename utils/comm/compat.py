@@ -1,4 +1,4 @@
-"""Three collectives under one name on every torch the course supports (2.11 to 2.13).
+"""Three collectives under one name on every torch the course supports (2.11 to 2.15).
 
 torch moves under a course that must run for years. Three differences meet the lessons:
 

@@ -11,7 +11,7 @@ the formulas::
 How it works: while the ``with`` block runs, the functions of ``torch.distributed`` that move data
 (``all_reduce``, ``send``, ``isend`` ...) are replaced by thin wrappers that note the call and then
 call the original. Nothing in torch is forked or modified; on exit the originals are put back.
-``utils.comm.compat``'s three functions (the same collectives under one name on torch 2.11-2.13) are
+``utils.comm.compat``'s three functions (the same collectives under one name on torch 2.11-2.15) are
 wrapped too, and a call made *inside* a recorded call is part of it: a compat function that falls
 back to another collective is recorded once, under its own name, with its own bytes.
 Only calls made through ``torch.distributed``'s Python functions are seen: torch's DDP, for
