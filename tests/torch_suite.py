@@ -51,6 +51,7 @@ def make_environment(version: str, venv: Path, python: str) -> Path:
     stamp = venv / STAMP
     if bin_python.exists() and stamp.exists() and stamp.read_text() == wanted:
         print(f"torch_suite: reusing {venv} (torch {version}, the same pins)", flush=True)
+        install_course(bin_python, version)  # this checkout, not the one the environment was made from
         return bin_python
     print(f"torch_suite: making {venv} with torch {version} (a CUDA build is several GB; minutes)", flush=True)
     if not bin_python.exists():
@@ -60,16 +61,23 @@ def make_environment(version: str, venv: Path, python: str) -> Path:
     pip = [str(bin_python), "-m", "pip", "install", "--quiet"]
     subprocess.run([*pip, "--constraint", str(venv / "torch-constraint.txt"), f"torch=={version}",
                     "--requirement", str(venv / "pins-but-torch.txt")], check=True)
-    subprocess.run([*pip, "--no-deps", "--editable", str(ROOT)], check=True)
-    subprocess.run([str(bin_python), "-m", "ipykernel", "install", "--sys-prefix", "--name", "python3",
-                    "--display-name", f"Python 3 (distributed course, torch {version})"], check=True,
-                   stdout=subprocess.DEVNULL)
+    install_course(bin_python, version)
     got = subprocess.run([str(bin_python), "-c", "import torch; print(torch.__version__)"], check=True,
                          capture_output=True, text=True).stdout.strip()
     if got.split("+")[0] != version.split("+")[0]:
         raise RuntimeError(f"{venv} has torch {got}, not {version}: is a pip configuration capping torch?")
     stamp.write_text(wanted)
     return bin_python
+
+
+def install_course(bin_python: Path, version: str):
+    """This checkout into the environment (editable, no dependencies) and its kernel: seconds, so done on every run,
+    and an environment made from another checkout or worktree tests this one."""
+    subprocess.run([str(bin_python), "-m", "pip", "install", "--quiet", "--no-deps", "--editable", str(ROOT)],
+                   check=True)
+    subprocess.run([str(bin_python), "-m", "ipykernel", "install", "--sys-prefix", "--name", "python3",
+                    "--display-name", f"Python 3 (distributed course, torch {version})"], check=True,
+                   stdout=subprocess.DEVNULL)
 
 
 def describe_torch(bin_python: Path) -> str:
