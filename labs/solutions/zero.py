@@ -50,7 +50,7 @@ def make_buckets(params, bucket_numel):
 
 class BucketedZeRO2:
     """ZeRO-2 (P_os+g) as DeepSpeed runs it: buckets reduce-scattered from gradient hooks during backward,
-    then ``optimizer_class`` (any torch.optim optimizer) on this rank's chunks."""
+    then ``optimizer_class`` (any element-wise torch.optim optimizer) on this rank's chunks."""
 
     def __init__(self, params, bucket_numel, optimizer_class=torch.optim.Adam, **defaults):
         self.rank, self.n = dist.get_rank(), dist.get_world_size()

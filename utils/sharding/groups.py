@@ -5,8 +5,10 @@ Lesson 03's ``ZeroDP`` and lab 03's ``BucketedZeRO2`` take ``params`` the way ev
 ``model.parameters()`` works) of tensors, or of dicts ``{"params": [...], "lr": ..., "weight_decay": ...}``
 whose other keys override the optimizer's defaults for that group. ``param_groups`` reads it once into a
 list of dicts and drops the frozen parameters (``requires_grad=False``): they get no gradient, so a sharded
-optimizer gives them no hook and no shard (torch's ZeroRedundancyOptimizer also skips them in its buckets,
-``_is_trainable`` in ``torch/distributed/optim/zero_redundancy_optimizer.py``).
+optimizer gives them no hook and no shard (torch's ZeroRedundancyOptimizer skips them only in the buckets
+of ``parameters_as_bucket_view``,
+``_is_trainable`` in ``torch/distributed/optim/zero_redundancy_optimizer.py``; its partition still assigns
+them to ranks).
 """
 
 import torch
