@@ -20,7 +20,20 @@ The rules (tests/test_claims.py holds every notebook and lab to them, and tests 
   comment or a string literal / docstring (Python files: ``tokenize``; other files: not on a line that starts with
   ``//``, ``#``, ``*`` or ``/*``); and ``code`` holds more than one token (a bare name proves nothing);
 - a pointer into a package that ``make setup`` does not install (the ``teacher`` extra: nbgrader, jupyterhub) is
-  skipped, with the reason, while that package is absent.
+  skipped, with the reason, while that package is absent;
+- an optional fifth field, ``versions``, a version specifier (PEP 440: ``"<2.15"``, ``">=2.14"``) on the release of
+  the pointer's package, says the pointer holds for those releases only: where a library moved the code, a claim
+  that stays true carries one pointer per side of the move, and a pointer for other releases is not checked. Every
+  claim (cell and quote) needs at least one pointer that applies to the installed release, so a library upgrade
+  cannot leave a claim with none. The pointers that carry ``versions`` are the record of what changed (printed).
+
+What changed from torch 2.13 (the pointers with ``versions``; found with ``make test-torch``): 2.14 moved the
+agent-store choice of ``_create_c10d_store`` into ``_agent_store_serves`` (the same address as the agent's
+``MASTER_ADDR:MASTER_PORT``) and lets ``monitored_barrier`` run on any group with a CPU backend
+(``"cpu:gloo,cuda:nccl"``); 2.15 made ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` aliases without a
+warning, gave ``FlopCounterMode`` a formula for the CPU's fused attention, moved the schedule's final FSDP gradient
+reduction into ``start_gradient_reduction`` and FSDP2's no-sync path into ``post_backward``'s pending state, and
+asks for C++20 with ``target_compile_features``.
 
 On a library upgrade the list of "lessons to re-read" this prints is the maintainer's work.
 """
@@ -28,6 +41,7 @@ On a library upgrade the list of "lessons to re-read" this prints is the maintai
 import argparse
 import bisect
 import functools
+import importlib.metadata
 import importlib.util
 import io
 import json
@@ -37,11 +51,15 @@ import tokenize
 from collections import Counter
 from pathlib import Path
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
 from minutes import key, notebooks, source  # one list of the course's notebooks, one way to name and read them
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONAL = {"nbgrader": "teacher", "jupyterhub": "teacher"}  # top-level package -> the extra that installs it
 FIELDS = ("cell", "says", "file", "code")
+OPTIONAL_FIELDS = ("versions",)
 
 
 def squash(text):
@@ -156,22 +174,64 @@ def find_in_code(path, piece):
     return found, False
 
 
+@functools.cache
+def release(top):
+    """The installed release of the distribution named ``top`` (``2.15.0`` for ``2.15.0+cu132``); None if unknown."""
+    try:
+        return Version(importlib.metadata.version(top)).base_version
+    except (importlib.metadata.PackageNotFoundError, InvalidVersion):
+        return None
+
+
+def applies(claim):
+    """(True, None) when the pointer applies to the installed release of its package (always, without ``versions``);
+    (False, why) when it is for other releases; raises ValueError on a ``versions`` that is no specifier."""
+    spec = claim.get("versions")
+    if spec is None:
+        return True, None
+    if not isinstance(spec, str):
+        raise ValueError(f"versions {spec!r} is not a string: write it as \"<2.15\" or \">=2.14\"")
+    try:
+        specifier = SpecifierSet(spec)
+    except InvalidSpecifier:
+        raise ValueError(f"versions {spec!r} is not a version specifier (write it as \"<2.15\" or \">=2.14\")")
+    if not str(spec).strip():
+        raise ValueError("versions is empty: leave the field out for a pointer that holds on every release")
+    top = library(claim)
+    got = release(top)
+    if got is None:
+        raise ValueError(f"versions {spec!r} given, but the release of {top!r} cannot be read (is it installed?)")
+    if specifier.contains(got, prereleases=True):
+        return True, None
+    return False, f"for {top} {spec}; {top} {got} is installed"
+
+
 def check(nb, claim):
-    """None when the pointer holds; ("skip", reason) for an absent optional package; else ("broken", what broke)."""
+    """None when the pointer holds; ("skip", reason) for an absent optional package or a pointer for other releases
+    (``versions``); else ("broken", what broke)."""
     missing = [f for f in FIELDS if not isinstance(claim.get(f), str) or not claim.get(f).strip()]
     if missing:
         return "broken", f"pointer lacks {', '.join(missing)}"
+    unknown = sorted(set(claim) - set(FIELDS) - set(OPTIONAL_FIELDS))
+    if unknown:
+        return "broken", f"pointer has unknown field(s) {', '.join(unknown)} (fields: {', '.join(FIELDS + OPTIONAL_FIELDS)})"
     cells = {c.get("id"): c for c in nb["cells"]}
     if claim["cell"] not in cells:
         return "broken", f"no cell with id {claim['cell']!r}"
     if squash(claim["says"]) not in squash(source(cells[claim["cell"]])):
         return "broken", "the quote is not in the cell (the sentence changed: re-check the claim, then the quote)"
-    top = claim["file"].split("/")[0].removesuffix(".py")
+    top = library(claim)
     root = package_root(top)
     if root is None:
         if top in OPTIONAL:
             return "skip", f"{top} is not installed (the {OPTIONAL[top]!r} extra)"
         return "broken", f"package {top!r} is not installed"
+    try:
+        ok, why = applies(claim)
+    except ValueError as e:
+        return "broken", str(e)
+    if not ok:
+        return "other", why
     path = root / claim["file"]
     if not path.is_file():
         return "broken", f"{claim['file']} is gone from {top}"
@@ -192,19 +252,35 @@ def library(claim):
 def run(paths=None):
     """Checks every pointer of every notebook and lab: a dict with the counts, the broken and skipped pointers and the
     lessons to re-read."""
-    result = {"pointers": 0, "per_library": Counter(), "broken": [], "skipped": [], "reread": []}
+    result = {"pointers": 0, "per_library": Counter(), "broken": [], "skipped": [], "other_versions": [],
+              "reread": []}
     for path in paths or notebooks():
         nb = load(path)
+        applying = Counter()  # (cell, says) -> pointers that apply to the installed releases
+        other = {}  # (cell, says) -> the entries of its pointers for other releases
         for claim in claims_of(nb):
             result["pointers"] += 1
             result["per_library"][library(claim)] += 1
             verdict = check(nb, claim)
+            entry = {"notebook": key(path), "says": claim.get("says"), "file": claim.get("file"),
+                     "code": claim.get("code"), "versions": claim.get("versions")}
+            claim_key = (claim.get("cell"), claim.get("says"))
             if verdict is None:
+                applying[claim_key] += 1
                 continue
             kind, why = verdict
-            entry = {"notebook": key(path), "says": claim.get("says"), "file": claim.get("file"),
-                     "code": claim.get("code"), "why": why}
+            entry["why"] = why
+            if kind == "other":
+                other.setdefault(claim_key, []).append(entry)
+                result["other_versions"].append(entry)
+                continue
+            applying[claim_key] += 1  # broken or skipped: reported as such, not again as uncovered
             result["broken" if kind == "broken" else "skipped"].append(entry)
+        for claim_key, entries in other.items():
+            if not applying[claim_key]:
+                result["broken"].append({**entries[0], "why": "no pointer applies to the installed release ("
+                                         + "; ".join(e["why"] for e in entries)
+                                         + "): is the claim still true? add a pointer with versions for this one"})
     result["reread"] = sorted({b["notebook"] for b in result["broken"]})
     result["per_library"] = dict(sorted(result["per_library"].items()))
     return result
@@ -216,9 +292,11 @@ def report(result, out=None):
         print(f"BROKEN {b['notebook']}: \"{b['says']}\"\n    {b['file']}: {b['why']}", file=out)
     for s in result["skipped"]:
         print(f"skipped {s['notebook']}: \"{s['says']}\" ({s['why']})", file=out)
+    for o in result["other_versions"]:
+        print(f"not checked {o['notebook']}: \"{o['says']}\" ({o['why']})", file=out)
     per = ", ".join(f"{lib} {n}" for lib, n in result["per_library"].items())
-    print(f"{result['pointers']} pointers ({per}); {len(result['broken'])} broken, {len(result['skipped'])} skipped",
-          file=out)
+    print(f"{result['pointers']} pointers ({per}); {len(result['broken'])} broken, {len(result['skipped'])} skipped, "
+          f"{len(result['other_versions'])} for other releases", file=out)
     if result["reread"]:
         print("lessons to re-read: " + ", ".join(result["reread"]), file=out)
 

@@ -38,7 +38,7 @@ def test_pointers_are_well_formed():
     for path in NOTEBOOKS:
         seen = set()
         for claim in claims.claims_of(claims.load(path)):
-            assert set(claim) == set(claims.FIELDS), (claims.key(path), claim)
+            assert set(claims.FIELDS) <= set(claim) <= set(claims.FIELDS + claims.OPTIONAL_FIELDS), (claims.key(path), claim)
             assert not claim["file"].startswith("/") and ".." not in claim["file"], (claims.key(path), claim)
             ident = (claim["cell"], claim["says"], claim["file"], claim["code"])
             assert ident not in seen, f"{claims.key(path)}: the same pointer twice: {claim}"
@@ -123,6 +123,51 @@ def test_bad_pointers_are_rejected(fake, bad, why):
     verdict = claims.check(fake, pointer(**bad))
     assert verdict is not None and verdict[0] == "broken", (bad, verdict)
     assert why in verdict[1], (bad, verdict)
+
+
+@pytest.mark.parametrize("versions, why", [
+    ("2.15", "not a version specifier"),
+    ("<2.x5", "not a version specifier"),
+    (2.15, "not a string"),
+    ("", "versions is empty"),
+])
+def test_bad_versions_are_rejected(fake, monkeypatch, versions, why):
+    monkeypatch.setattr(claims, "release", lambda top: "2.14.1")
+    verdict = claims.check(fake, pointer(versions=versions))
+    assert verdict is not None and verdict[0] == "broken" and why in verdict[1], (versions, verdict)
+
+
+def test_unknown_field_is_rejected(fake):
+    verdict = claims.check(fake, pointer(version="<2.15"))  # a misspelt "versions" would silently apply everywhere
+    assert verdict is not None and verdict[0] == "broken" and "unknown field" in verdict[1], verdict
+
+
+def test_versions_select_the_pointer(fake, monkeypatch, tmp_path):
+    """A pointer for other releases is not checked (even a broken one); a claim needs one that applies here."""
+    monkeypatch.setattr(claims, "release", lambda top: "2.15.0")
+    assert claims.check(fake, pointer(versions=">=2.15")) is None
+    assert claims.check(fake, pointer(versions=">=2.15,<2.16")) is None
+    kind, why = claims.check(fake, pointer(versions="<2.15", code="start_new_session=None"))  # gone, but not ours
+    assert kind == "other" and "<2.15" in why and "2.15.0" in why
+    kind, why = claims.check(fake, pointer(versions=">=2.15", code="start_new_session=None"))  # ours, and gone
+    assert kind == "broken" and "is gone from" in why
+    monkeypatch.setattr(claims, "release", lambda top: None)
+    kind, why = claims.check(fake, pointer(versions=">=2.15"))
+    assert kind == "broken" and "cannot be read" in why
+
+    monkeypatch.setattr(claims, "release", lambda top: "2.15.0")
+    nb = tmp_path / "notebooks" / "98_fake.ipynb"
+    nb.parent.mkdir()
+    covered = [pointer(versions="<2.15", code="start_new_session=None"), pointer(versions=">=2.15")]
+    fake["metadata"] = {"course": {"claims": covered}}
+    nb.write_text(json.dumps(fake))
+    result = claims.run([nb])
+    assert result["broken"] == [] and len(result["other_versions"]) == 1, result
+    fake["metadata"] = {"course": {"claims": covered[:1]}}  # only the pointer for older releases is left
+    nb.write_text(json.dumps(fake))
+    result = claims.run([nb])
+    assert len(result["broken"]) == 1 and "no pointer applies" in result["broken"][0]["why"], result
+    assert result["reread"] == ["notebooks/98_fake.ipynb"], result
 
 
 def test_absent_teacher_package_is_skipped(fake, monkeypatch):

@@ -74,8 +74,9 @@ def kept_per_layer(layers, x, mode, **kwargs):
 
 def step_flops(layers, x, mode, **kwargs):
     """(forward FLOPs, forward + backward FLOPs) of ``layers`` under ``mode``: FlopCounterMode counts every matmul
-    that runs, the recomputed ones in backward too. It has no formula for CPU's fused attention
-    (``_scaled_dot_product_flash_attention_for_cpu``): count attention with ``attn_implementation="eager"``."""
+    that runs, the recomputed ones in backward too. Before torch 2.15 it has no formula for CPU's fused attention
+    (``_scaled_dot_product_flash_attention_for_cpu``): count attention with ``attn_implementation="eager"``, and
+    every torch counts the same."""
     from torch.utils.flop_counter import FlopCounterMode
     with FlopCounterMode(display=False) as fwd:
         out = run_layers(layers, x, mode, **kwargs)

@@ -3,8 +3,9 @@
 torch moves under a course that must run for years. Three differences meet the lessons:
 
 - ``all_gather_single`` / ``reduce_scatter_single`` are torch 2.13's names for what torch 2.11
-  calls ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` (2.13 keeps the old names, with a
-  deprecation warning). Same collective, same arguments: we call whichever this torch has.
+  calls ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` (2.13 and 2.14 keep the old names, with a
+  deprecation warning; 2.15 keeps them as aliases, without one). Same collective, same arguments: we call
+  whichever this torch has.
 - ``all_to_all`` with *lists* of tensors: torch 2.11's gloo does not have it ("Backend gloo does
   not support alltoall"), while its single-tensor form, ``all_to_all_single``, works everywhere.
   When the backend refuses the list form, we concatenate the list, send it with
