@@ -274,6 +274,14 @@ class FreshState(BucketedZeRO2):
         super().step()
 
 
+class StepsTwice(BucketedZeRO2):
+    """The inner optimizer's step() called twice a step: the same gradient applied twice."""
+
+    def step(self):
+        super().step()
+        self.optimizer.step()
+
+
 HIDDEN = {}
 
 
@@ -323,6 +331,7 @@ def test_reference_measures_the_formulas():
     (IgnoresOptimizerClass, (2,), "optimizer_class_ignored", "not torch.optim.Adam"),
     (IgnoresGroupOptions, (2,), "group_options_ignored", "one parameter group per entry"),
     (FreshState, (2,), "state_reset", "restarts Adam"),
+    (StepsTwice, (2,), "stepped_twice", "once per step()"),
     (HiddenState, (2,), "state_hidden", "self.optimizer"),
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_class_rejects(wrong, world_sizes, mistake, phrase):

@@ -83,6 +83,8 @@ ZERO_HINTS = {**BUCKET_HINTS, **OPTIM_HINTS,  # make_buckets's four, the optimiz
                          "parameters), so Adam's state is 8 bytes x about Ψ/n numbers per rank, not DDP's 8Ψ.",
     "state_reset": "build self.optimizer once, in __init__, and call its step() every step: a new optimizer (or "
                    "emptied state) each step restarts Adam at step 1.",
+    "stepped_twice": "call self.optimizer.step() once per step(), after the reduce-scatter: each extra call moves "
+                     "the parameters again with the same gradient.",
     "wrong": "after each step the parameters must equal DDP's with the unsharded optimizer: mean gradient chunk, "
              "the optimizer on your chunks, all-gather.",
 }
@@ -240,6 +242,9 @@ def _judge_values(ranks, key, buckets, chunks, n, lr, label):
     if not case["has_optimizer"] or (case["state_bytes"] == 0 and close(case["final"], case["ref"], WEIGHT_TOL)):
         fail(ZERO_HINTS, "state_hidden", f"{label}: self.optimizer is "
              + ("not a torch.optim.Optimizer." if not case["has_optimizer"] else "one that holds no state tensor."), n)
+    if any(s > len(case["steps"]) for s in case["state_steps"]):
+        fail(ZERO_HINTS, "stepped_twice", f"{label}: after {len(case['steps'])} steps the optimizer's step counters "
+             f"are {case['state_steps']}.", n)
     if any(s != len(case["steps"]) for s in case["state_steps"]):
         fail(ZERO_HINTS, "state_reset", f"{label}: after {len(case['steps'])} steps the optimizer's step counters "
              f"are {case['state_steps']}.", n)
