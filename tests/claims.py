@@ -29,11 +29,12 @@ The rules (tests/test_claims.py holds every notebook and lab to them, and tests 
 
 What changed from torch 2.13 (the pointers with ``versions``; found with ``make test-torch``): 2.14 moved the
 agent-store choice of ``_create_c10d_store`` into ``_agent_store_serves`` (the same address as the agent's
-``MASTER_ADDR:MASTER_PORT``) and lets ``monitored_barrier`` run on any group with a CPU backend
-(``"cpu:gloo,cuda:nccl"``); 2.15 made ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` aliases without a
+``MASTER_ADDR:MASTER_PORT``), lets ``monitored_barrier`` run on any group with a CPU backend
+(``"cpu:gloo,cuda:nccl"``), and can pass selective checkpointing's cached outputs through the user's saved-tensor
+hooks (``respect_saved_tensors_hooks``, opt-in); 2.15 made ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` aliases without a
 warning, gave ``FlopCounterMode`` a formula for the CPU's fused attention, moved the schedule's final FSDP gradient
-reduction into ``start_gradient_reduction`` and FSDP2's no-sync path into ``post_backward``'s pending state, and
-asks for C++20 with ``target_compile_features``.
+reduction into ``start_gradient_reduction``, has FSDP2's no-sync ``post_backward`` mark the group pending instead of
+converting to an accumulated gradient, and declares C++20 with ``target_compile_features``.
 
 On a library upgrade the list of "lessons to re-read" this prints is the maintainer's work.
 """

@@ -45,6 +45,18 @@ def test_pointers_are_well_formed():
             seen.add(ident)
 
 
+def test_versions_cover_a_release_the_suite_runs_on():
+    """A torch pointer's ``versions`` must include a release that ``make test`` or ``make test-torch`` runs, or no run
+    would ever check it (``"<2.13"`` would sit there unread)."""
+    from packaging.specifiers import SpecifierSet
+    from utils.torch_versions import SUITE_RELEASES
+    unread = [(claims.key(path), claim["says"], claim["versions"]) for path in NOTEBOOKS
+              for claim in claims.claims_of(claims.load(path))
+              if claims.library(claim) == "torch" and "versions" in claim
+              and not any(SpecifierSet(claim["versions"]).contains(r) for r in SUITE_RELEASES)]
+    assert not unread, f"pointers for no release in {SUITE_RELEASES}: {unread}"
+
+
 def test_command_line(tmp_path):
     out = tmp_path / "claims.json"
     assert claims.main(["--json", str(out)]) == 0

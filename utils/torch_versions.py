@@ -12,6 +12,9 @@ A new torch joins the range once ``make test-torch`` has run the suite on it (RE
 OLDEST = (2, 11)  # (major, minor): every patch release of these minor versions
 NEWEST = (2, 15)
 SUPPORTED = f"{OLDEST[0]}.{OLDEST[1]} to {NEWEST[0]}.{NEWEST[1]}"  # in words, for messages
+# the releases the whole suite has been run on here (make test, make test-torch): a claim pointer's ``versions``
+# (tests/claims.py) must cover at least one of them, or nothing would ever check it
+SUITE_RELEASES = ("2.13.0", "2.14.1", "2.15.0")
 
 
 def major_minor(version: str) -> tuple[int, int]:
@@ -25,4 +28,4 @@ def is_supported(version: str) -> bool:
     return OLDEST <= major_minor(version) <= NEWEST
 
 
-__all__ = ["OLDEST", "NEWEST", "SUPPORTED", "major_minor", "is_supported"]
+__all__ = ["OLDEST", "NEWEST", "SUPPORTED", "SUITE_RELEASES", "major_minor", "is_supported"]
