@@ -81,6 +81,7 @@ def three_gpus(monkeypatch):
     """A box with three GPUs: GPU 1 broken, GPU 2 half full of someone else's tensors, the link 0<->2 down.
     The launcher's own checks still run for real (on the CPU, over gloo)."""
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # on a CUDA build with no driver, import utils hid them
     monkeypatch.setattr(pf, "_nvidia_smi_gpus", lambda: 3)
     monkeypatch.setattr(torch.version, "cuda", "12.8")
 
@@ -118,6 +119,7 @@ def test_gpu_branches(three_gpus):
 
 def test_one_gpu_means_no_pairs(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(pf, "_probe_gpu", lambda i: ("a GPU", 16 * GIB, 0, True))
     monkeypatch.setattr(pf, "_pair_all_reduce", lambda i, j: pytest.fail("no pair on a 1-GPU box"))
     monkeypatch.setattr(pf, "check_rank_server", lambda: (pf.Check("rank server", "ok", "faked"), GIB // 4))
