@@ -22,8 +22,7 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from changes import ROOT, changed_files, text_at  # noqa: E402  (tests/ is not a package)
+from changes import ROOT, changed_files, text_at
 
 LIST = ROOT / "tests" / "shown_source.json"
 SHOW_CALLS = {"inspect.getsource", "inspect.getsourcelines", "inspect.getdoc"}
@@ -128,6 +127,8 @@ def resolve(module, attrs, text_of=_working_tree, _hops=0):
 
 # --- what a notebook shows ----------------------------------------------------------------------------------------
 
+NOT_PYTHON = {"bash", "sh", "script", "writefile", "file", "html", "markdown", "javascript", "js", "latex", "svg",
+              "perl", "ruby", "system", "sx"}
 MAGIC_SHOW = re.compile(r"^\s*(?:%(?:psource|pdoc|pinfo2?)\s+([\w.]+)|\?\?([\w.]+)|([\w.]+)\?\?)\s*$")
 
 
@@ -135,8 +136,8 @@ def _python(source):
     """A code cell as Python: a ``%%ranks`` body kept, other cell magics (``%%bash``) dropped, ``%line`` and ``!shell``
     lines made ``pass``. Returns (python, names shown by IPython's ``%psource x`` / ``x??`` lines)."""
     lines, magic_shows = source.split("\n"), []
-    if lines and lines[0].startswith("%%"):
-        lines = ["pass"] + lines[1:] if lines[0].startswith("%%ranks") else []
+    if lines and lines[0].startswith("%%"):  # %%ranks, %%time: Python under the magic line
+        lines = [] if lines[0][2:].split(" ")[0] in NOT_PYTHON else ["pass"] + lines[1:]
     for i, line in enumerate(lines):
         match = MAGIC_SHOW.match(line)
         if match:
@@ -149,8 +150,8 @@ def _python(source):
 class _Cells(ast.NodeVisitor):
     """Walks a notebook's cells in order, binding names as the kernel would, and records each show."""
 
-    def __init__(self, where):
-        self.names, self.where, self.shows, self.unresolved = {}, where, [], []
+    def __init__(self):
+        self.names, self.shows, self.unresolved, self.cell = {}, [], [], None  # cell: (its reference, its label)
 
     def dotted(self, node):
         """``a.b.c`` through the names bound so far: (module, [attributes]), LOCAL, or UNKNOWN."""
@@ -163,15 +164,13 @@ class _Cells(ast.NodeVisitor):
         base = self.names[node.id]
         return base if base == LOCAL else (base[0], base[1] + attrs)
 
-    def show(self, node_or_name, cell):
-        target = self.dotted(node_or_name) if isinstance(node_or_name, ast.AST) else self.dotted(
-            ast.parse(node_or_name, mode="eval").body)
-        text = node_or_name if isinstance(node_or_name, str) else ast.unparse(node_or_name)
+    def show(self, node):
+        target, (ref, label), text = self.dotted(node), self.cell, ast.unparse(node)
         if target is UNKNOWN:
-            self.unresolved.append(f"{self.where}, cell {cell}: the source of `{text}` is shown, but `{text}` is "
-                                   "not a name imported from a module (write it so, or list the cell under by_hand)")
+            self.unresolved.append((ref, f"{label}: the source of `{text}` is shown, but `{text}` is not a name "
+                                         "imported from a module (write it so, or list the cell under by_hand)"))
         elif target != LOCAL and target[0].split(".")[0] == "utils":
-            self.shows.append((target, cell, text))
+            self.shows.append((target, ref, label, text))
 
     def bind(self, target, value=UNKNOWN):
         for node in ast.walk(target):
@@ -219,37 +218,38 @@ class _Cells(ast.NodeVisitor):
     def visit_Call(self, node):
         func = self.dotted(node.func)
         if func not in (UNKNOWN, LOCAL) and ".".join([func[0], *func[1]]) in SHOW_CALLS and node.args:
-            self.show(node.args[0], self.cell)
+            self.show(node.args[0])
         self.generic_visit(node)
 
 
 def notebook_shows(path):
-    """The shows of one notebook: ([(key, cell reference)], [unresolved messages])."""
+    """One notebook's shows: ([(key, cell)], [(cell, why it cannot be resolved)]); a cell is "notebook#cell-id"."""
     path = Path(path)
     where = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
-    walker, shows = _Cells(where), []
+    walker, shows, unresolved = _Cells(), [], []
     for index, cell in enumerate(json.loads(path.read_text())["cells"]):
         if cell["cell_type"] != "code":
             continue
-        walker.cell = f"{index} (id {cell.get('id', '?')})"
+        walker.cell = (f"{where}#{cell.get('id')}", f"{where}, cell {index} (id {cell.get('id')})")
         python, magic_shows = _python("".join(cell["source"]))
         try:
             tree = ast.parse(python)
         except SyntaxError as error:
             if re.search(r"getsource|getdoc|\?\?|%psource|%pdoc", python):
-                walker.unresolved.append(f"{where}, cell {walker.cell}: shows source but does not parse ({error})")
+                walker.unresolved.append((walker.cell[0], f"{walker.cell[1]}: shows source but does not parse "
+                                                          f"({error})"))
             continue
         walker.visit(tree)
         for name in magic_shows:
-            walker.show(name, walker.cell)
-    for (module, attrs), cell, text in walker.shows:
+            walker.show(ast.parse(name, mode="eval").body)
+    for (module, attrs), ref, label, text in walker.shows:
         found = resolve(module, attrs)
         if found is None:
-            walker.unresolved.append(f"{where}, cell {cell}: shows `{text}` = {'.'.join([module, *attrs])}, which is "
-                                     "no function, class or module of utils")
+            unresolved.append((ref, f"{label}: shows `{text}` = {'.'.join([module, *attrs])}, which is no function, "
+                                    "class or module of utils"))
         else:
-            shows.append((found[0], f"{where}#{cell.split('id ')[1].rstrip(')')}"))
-    return shows, walker.unresolved
+            shows.append((found[0], ref))
+    return shows, walker.unresolved + unresolved
 
 
 def read_list(path=LIST):
@@ -258,21 +258,20 @@ def read_list(path=LIST):
 
 
 def current(notebooks=None, by_hand=None):
-    """What the notebooks show now: ({key: [notebooks]}, [problems]). ``by_hand`` ({"nb#cell-id": [keys]}) answers
-    the unresolved shows of those cells."""
+    """What the notebooks show now: ({key: [notebooks]}, [problems]). ``by_hand`` ({"notebook#cell-id": [keys]})
+    answers the unresolved shows of those cells."""
     by_hand = read_list()[1] if by_hand is None else by_hand
     shown, problems, answered = {}, [], set()
     for notebook in course_notebooks() if notebooks is None else notebooks:
         shows, unresolved = notebook_shows(notebook)
-        for message in unresolved:
-            cell = "{}#{}".format(message.split(", cell")[0], re.search(r"\(id ([^)]*)\)", message).group(1))
+        for cell, message in unresolved:
             if cell in by_hand:
                 answered.add(cell)
                 shows += [(key, cell) for key in by_hand[cell]]
             else:
                 problems.append(message)
         for key, cell in shows:
-            shown.setdefault(key, set()).add(cell.split("#")[0])
+            shown.setdefault(key, set()).add(cell.rpartition("#")[0])
     problems += [f"by_hand lists {cell}, which has no unresolved show (remove it from {LIST.name})"
                  for cell in sorted(set(by_hand) - answered) if notebooks is None]
     return {key: sorted(nbs) for key, nbs in sorted(shown.items())}, problems

@@ -54,11 +54,14 @@ def test_shows_are_resolved_through_imports_and_reexports(tmp_path):
                      "inspect.getsource(Linear); inspect.getsource(mine)",  # torch's and the notebook's own: not ours
                      "%%ranks 2\nprint(inspect.getsource(utils.recompute._one))",
                      "batch??",
+                     "%%time\nx = inspect.getsource(batch)",  # a cell magic over Python
+                     "%%bash\necho 'inspect.getsource(nothing)'",  # over something else: not read
                      "show = make_model\nprint(inspect.getsource(show))")  # an alias of an import
     shows, unresolved = notebook_shows(path)
     assert unresolved == []
     assert sorted(key for key, _ in shows) == [
-        "utils.lesson_training.batch", "utils.lesson_training.make_model", "utils.lesson_training.make_model",
+        "utils.lesson_training.batch", "utils.lesson_training.batch", "utils.lesson_training.make_model",
+        "utils.lesson_training.make_model",
         "utils.pipeline.schedules.one_f_one_b_order", "utils.recompute._one"]
 
 
