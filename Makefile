@@ -91,6 +91,10 @@ QUICK_SINCE ?= HEAD
 test-quick: setup  ## unit tests (not slow) + the notebooks your change touches (since QUICK_SINCE=HEAD; e.g. main)
 	$(BIN)/python -m pytest $(XDIST) -m "not slow" --changed-since=$(QUICK_SINCE) $(PYTEST_ARGS)
 
+.PHONY: shown
+shown: setup  ## the utils source that lessons print and your change edits, with the lessons (since QUICK_SINCE=HEAD)
+	$(BIN)/python tests/shown_source.py --changed $(QUICK_SINCE)
+
 course: setup  ## every notebook with its full parameters, into build/course/, then a table
 	$(BIN)/python tests/notebook_runner.py
 

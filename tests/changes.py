@@ -3,8 +3,9 @@
 A notebook is touched when the change edits it, its lab's reference solution (``labs/solutions/``), a script of
 ``notebooks/scripts/`` it names, or a ``utils`` module it imports, directly or through other ``utils`` modules (read
 statically with ``ast``: ``from utils.x import y``, ``import utils.x``, ``utils.x.y`` in code). The change is what
-``git diff --name-only REV`` lists, plus the files git does not track yet. A change to the test machinery itself
-(``tests/notebook_runner.py``, ``tests/conftest.py``, ``pyproject.toml``) touches every notebook.
+``git diff --name-only REV`` lists, plus the files git does not track yet (none for a range ``A..B``). A change to
+the test machinery itself (``tests/notebook_runner.py``, ``tests/conftest.py``, ``pyproject.toml``) touches every
+notebook. ``tests/shown_source.py --changed`` reads the same change for the utils source that lessons print.
 """
 
 import ast
@@ -26,7 +27,19 @@ def changed_files(rev):
         if done.returncode != 0:
             raise ValueError(f"git {' '.join(args)} failed: {done.stderr.strip()} (is {rev!r} a commit?)")
         return done.stdout.split("\n")
-    return {f for f in git("diff", "--name-only", rev) + git("ls-files", "--others", "--exclude-standard") if f}
+    untracked = [] if ".." in rev else git("ls-files", "--others", "--exclude-standard")  # A..B: two commits
+    return {f for f in git("diff", "--name-only", rev) + untracked if f}
+
+
+def text_at(rev, path):
+    """The text of ``path`` (relative, posix) in commit ``rev``, or None where that commit has no such file."""
+    done = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode == 0:
+        return done.stdout
+    if subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], cwd=ROOT,
+                      capture_output=True).returncode != 0:
+        raise ValueError(f"{rev!r} is not a commit")
+    return None
 
 
 def _module_file(name):

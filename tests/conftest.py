@@ -144,7 +144,13 @@ def pytest_runtest_logreport(report):
         NOTEBOOK_TIMES.extend(tuple(value) for name, value in report.user_properties if name == "notebook_time")
 
 
-def pytest_terminal_summary(terminalreporter):
+def pytest_terminal_summary(terminalreporter, config):
+    if (rev := config.getoption("--changed-since")) is not None:  # `make test-quick`: the lessons' text it edits
+        from shown_source import changed_shown
+
+        for key, notebooks, how in changed_shown(rev):
+            terminalreporter.write_line(f"shown source {how}: {key}, printed by {', '.join(notebooks)}: reread "
+                                        "their prose (tests/shown_source.py)")
     if not NOTEBOOK_TIMES:
         return
     from notebook_runner import print_table

@@ -1,7 +1,7 @@
 """tests/changes.py, behind `make test-quick`: which notebooks a change touches (fast: nothing is executed)."""
 
 import pytest
-from changes import changed_files, notebook_dependencies, utils_closure
+from changes import changed_files, notebook_dependencies, text_at, utils_closure
 from notebook_runner import ROOT
 
 
@@ -25,3 +25,11 @@ def test_a_package_brings_its_init_and_relative_imports():
 def test_a_bad_revision_is_named():
     with pytest.raises(ValueError, match="no-such-revision"):
         changed_files("no-such-revision")
+
+
+def test_a_file_at_a_commit_and_a_range():
+    assert "def changed_files" in text_at("HEAD", "tests/changes.py")
+    assert text_at("HEAD", "no/such/file.py") is None
+    with pytest.raises(ValueError, match="no-such-revision"):
+        text_at("no-such-revision", "tests/changes.py")
+    assert changed_files("HEAD..HEAD") == set()  # a range of commits: no untracked file counts

@@ -109,6 +109,29 @@ def test_layout():
     assert course_notebooks(), "no notebook found: the suite would test nothing"
 
 
+def _left_off_the_map(docstring, utils_dir):
+    """The subpackages and top-level modules of ``utils_dir`` that the map (``utils/__init__.py``'s docstring) does
+    not name as ``utils.NAME``."""
+    parts = sorted({p.parent.name for p in utils_dir.glob("*/__init__.py")}
+                   | {p.stem for p in utils_dir.glob("*.py") if p.stem != "__init__"})
+    return [name for name in parts if not re.search(rf"``utils\.{name}``", docstring)]
+
+
+def test_the_package_map_names_every_part_of_utils(tmp_path):
+    """utils/__init__.py's docstring is the map a learner reads first: every subpackage and top-level module is on
+    it (each package's own ``__init__`` lists its modules). Checked on a planted package missing from a copy too."""
+    import ast
+
+    docstring = ast.get_docstring(ast.parse((ROOT / "utils" / "__init__.py").read_text()))
+    missing = _left_off_the_map(docstring, ROOT / "utils")
+    assert not missing, f"utils/__init__.py's map leaves out {missing}: add a line ``utils.NAME``: what it holds"
+    (tmp_path / "newidea").mkdir()  # planted: a package and a module the map does not know
+    (tmp_path / "newidea" / "__init__.py").write_text("")
+    (tmp_path / "loose.py").write_text("")
+    assert _left_off_the_map(docstring, tmp_path) == ["loose", "newidea"]
+    assert _left_off_the_map(docstring.replace("``utils.recompute``", "recompute"), ROOT / "utils") == ["recompute"]
+
+
 @pytest.mark.slow
 def test_wheel_ships_every_utils_module(tmp_path):
     """`pip install .` (not editable) gives the whole course package: every module of utils/ is in the wheel,

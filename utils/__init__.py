@@ -16,7 +16,9 @@ Each module holds one idea and names the notebook that derives it; each folder's
 - ``utils.lesson_training``: the training loops of lessons 02 (DDP), 04 (FSDP2) and 06 (pipeline) as functions their
   ``torchrun`` scripts call, and their one-process ``reference_losses`` (notebooks 02, 04, 06, 10).
 - ``utils.sharding``: what a rank holds and sharding it: ``memory`` (notebook 03; used by 04 and 07), ``adam``,
-  ``activation_memory`` (notebook 07c; used by 08b).
+  ``groups`` (lesson 03's ``ZeroDP``, lab 03), ``activation_memory`` (notebook 07c; used by 08b), ``fsdp2`` (the
+  course model's FSDP2 plan; notebooks 04 and 08) and ``fsdp2_controls`` (FSDP2's prefetch, resharding and gradient
+  accumulation, counted; notebook 04c).
 - ``utils.tensor_parallel``: which tensor-parallel degrees fit a model, ``check_tp_degree`` (notebook 05).
 - ``utils.pipeline``: ``schedules`` (GPipe, 1F1B, interleaved as op lists, their simulator, the bubble; re-exported
   by the package) and ``timeline`` (a schedule run on stage ranks, timed, drawn) (notebooks 06a, 06b).
@@ -25,7 +27,12 @@ Each module holds one idea and names the notebook that derives it; each folder's
 - ``utils.lightning``: ``toy`` (``LitToy`` and its runs), ``ddp_notebook``, ``speedups``, ``compile_check``,
   ``gpt_benchmark`` (notebooks 02, 08a, 08b).
 - ``utils.mesh``: ``mesh3d``, ``parallelize3d`` and ``mfu``: the 3-D mesh, the tiny Llama trained on it, its MFU
-  (notebook 09, lab 09).
+  (notebook 09, lab 09); ``context4d``, the capstone with torch's context parallelism as a fourth dimension
+  (notebook 14).
+- ``utils.precision``: ``fp8`` (FP8 formats, scales, delayed scaling, a Float8 linear simulated in fp32) and
+  ``fp8_training`` (the recipes in training, torchao's float8 timed on a GPU) (notebook 08d).
+- ``utils.recompute``: activation recomputation run, not only modelled: none, full and selective checkpointing on
+  the capstone's layers, the bytes kept and the FLOPs spent (notebook 09c).
 - ``utils.planner`` (``shapes``, ``costs``, ``estimate``): memory per rank, bytes per mesh dimension, bubble, step
   time and MFU of a 3-D plan, validated against lesson 09's measurements and published figures (notebook 09, lab 09).
 - ``utils.scale_out``: ``torchrun`` (a lesson script under torchrun from a notebook; notebook 10) and ``resume``
@@ -34,6 +41,8 @@ Each module holds one idea and names the notebook that derives it; each folder's
   the balanced pipeline split; notebook 12a) and ``passes`` (Megatron's MLP split as a graph rewrite; notebook 12b).
 - ``utils.frameworks``: ``tf_toynet``, the course model in TensorFlow, and ``reference``, the torch step it is checked
   against (notebooks 13a and 13b, optional ``[frameworks]`` extra).
+- ``utils.context_parallel``: ``ring`` (ring attention from scratch, the online-softmax ``merge``, causal layouts)
+  and ``ulysses`` (DeepSpeed-Ulysses' all-to-all from sequence to head sharding) (notebook 14, lab 14).
 - ``utils.experts``: ``router`` (top-k gate, capacity, Switch's load-balancing loss), ``layer`` (a mixture of experts
   in one process), ``dispatch`` (experts sharded over ranks, tokens by all-to-all), ``hybrid`` (with data
   parallelism on a 2-D mesh) (notebook 15).
