@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import utils.workshop.preflight as pf
+import utils.workshop.seats as seats
 
 GIB = 2**30
 
@@ -80,8 +81,23 @@ def test_a_busy_port_is_named():
 def three_gpus(monkeypatch):
     """A box with three GPUs: GPU 1 broken, GPU 2 half full of someone else's tensors, the link 0<->2 down.
     The launcher's own checks still run for real (on the CPU, over gloo)."""
+    real_count = torch.cuda.device_count
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # on a CUDA build with no driver, import utils hid them
+    # the seats read CUDA_VISIBLE_DEVICES, which import utils sets to "" on a CUDA build with no driver
+    monkeypatch.setattr(seats, "visible_gpus", lambda: [0, 1, 2])
+
+    def on_this_machine(check):  # the ranks it starts inherit the fake count: on a CUDA build they would ask CUDA
+        def run():
+            fake = torch.cuda.device_count
+            torch.cuda.device_count = real_count
+            try:
+                return check()
+            finally:
+                torch.cuda.device_count = fake
+        return run
+
+    monkeypatch.setattr(pf, "check_rank_server", on_this_machine(pf.check_rank_server))
+    monkeypatch.setattr(pf, "check_all_reduce", on_this_machine(pf.check_all_reduce))
     monkeypatch.setattr(pf, "_nvidia_smi_gpus", lambda: 3)
     monkeypatch.setattr(torch.version, "cuda", "12.8")
 
@@ -119,7 +135,7 @@ def test_gpu_branches(three_gpus):
 
 def test_one_gpu_means_no_pairs(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(seats, "visible_gpus", lambda: [0])
     monkeypatch.setattr(pf, "_probe_gpu", lambda i: ("a GPU", 16 * GIB, 0, True))
     monkeypatch.setattr(pf, "_pair_all_reduce", lambda i, j: pytest.fail("no pair on a 1-GPU box"))
     monkeypatch.setattr(pf, "check_rank_server", lambda: (pf.Check("rank server", "ok", "faked"), GIB // 4))
