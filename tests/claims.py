@@ -31,10 +31,10 @@ What changed from torch 2.13 (the pointers with ``versions``; found with ``make 
 agent-store choice of ``_create_c10d_store`` into ``_agent_store_serves`` (the same address as the agent's
 ``MASTER_ADDR:MASTER_PORT``), lets ``monitored_barrier`` run on any group with a CPU backend
 (``"cpu:gloo,cuda:nccl"``), and can pass selective checkpointing's cached outputs through the user's saved-tensor
-hooks (``respect_saved_tensors_hooks``, opt-in); 2.15 made ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` aliases without a
-warning, gave ``FlopCounterMode`` a formula for the CPU's fused attention, moved the schedule's final FSDP gradient
-reduction into ``start_gradient_reduction``, has FSDP2's no-sync ``post_backward`` mark the group pending instead of
-converting to an accumulated gradient, and declares C++20 with ``target_compile_features``.
+hooks (``respect_saved_tensors_hooks``, opt-in); 2.15 made ``all_gather_into_tensor`` / ``reduce_scatter_tensor``
+aliases without a warning, gave ``FlopCounterMode`` a formula for the CPU's fused attention, moved the schedule's
+final FSDP gradient reduction into ``start_gradient_reduction``, has FSDP2's no-sync ``post_backward`` mark the group
+pending instead of converting to an accumulated gradient, and declares C++20 with ``target_compile_features``.
 
 On a library upgrade the list of "lessons to re-read" this prints is the maintainer's work.
 """
@@ -196,7 +196,7 @@ def applies(claim):
         specifier = SpecifierSet(spec)
     except InvalidSpecifier:
         raise ValueError(f"versions {spec!r} is not a version specifier (write it as \"<2.15\" or \">=2.14\")")
-    if not str(spec).strip():
+    if not spec.strip():
         raise ValueError("versions is empty: leave the field out for a pointer that holds on every release")
     top = library(claim)
     got = release(top)
@@ -208,14 +208,15 @@ def applies(claim):
 
 
 def check(nb, claim):
-    """None when the pointer holds; ("skip", reason) for an absent optional package or a pointer for other releases
-    (``versions``); else ("broken", what broke)."""
+    """None when the pointer holds; ("skip", reason) for an absent optional package; ("other", reason) for a pointer
+    whose ``versions`` leave out the installed release; else ("broken", what broke)."""
     missing = [f for f in FIELDS if not isinstance(claim.get(f), str) or not claim.get(f).strip()]
     if missing:
         return "broken", f"pointer lacks {', '.join(missing)}"
     unknown = sorted(set(claim) - set(FIELDS) - set(OPTIONAL_FIELDS))
     if unknown:
-        return "broken", f"pointer has unknown field(s) {', '.join(unknown)} (fields: {', '.join(FIELDS + OPTIONAL_FIELDS)})"
+        return "broken", (f"pointer has unknown field(s) {', '.join(unknown)} "
+                          f"(fields: {', '.join(FIELDS + OPTIONAL_FIELDS)})")
     cells = {c.get("id"): c for c in nb["cells"]}
     if claim["cell"] not in cells:
         return "broken", f"no cell with id {claim['cell']!r}"

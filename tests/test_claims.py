@@ -38,7 +38,8 @@ def test_pointers_are_well_formed():
     for path in NOTEBOOKS:
         seen = set()
         for claim in claims.claims_of(claims.load(path)):
-            assert set(claims.FIELDS) <= set(claim) <= set(claims.FIELDS + claims.OPTIONAL_FIELDS), (claims.key(path), claim)
+            allowed = set(claims.FIELDS + claims.OPTIONAL_FIELDS)
+            assert set(claims.FIELDS) <= set(claim) <= allowed, (claims.key(path), claim)
             assert not claim["file"].startswith("/") and ".." not in claim["file"], (claims.key(path), claim)
             ident = (claim["cell"], claim["says"], claim["file"], claim["code"])
             assert ident not in seen, f"{claims.key(path)}: the same pointer twice: {claim}"
