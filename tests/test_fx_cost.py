@@ -105,5 +105,8 @@ def test_split_stages_computes_the_same_function_and_times_each_stage():
     split = split_stages(gm, UNITS, [(0, 1), (1, 3)])
     x = torch.randn(6, 8)
     torch.testing.assert_close(split(x), model(x), rtol=0, atol=0)  # the same operations, cut in two
-    times = stage_times(split, (x,), repeats=2)
-    assert len(times) == 2 and all(t >= 0 for t in times)
+    times = stage_times({"two": split, "three": split_stages(gm, UNITS, [(0, 1), (1, 2), (2, 3)])}, (x,), repeats=2)
+    assert list(times) == ["two", "three"] and [len(t) for t in times.values()] == [2, 3]
+    assert all(t >= 0 for stage in times.values() for t in stage)
+    with pytest.raises(TypeError, match="dict of label"):
+        stage_times(split, (x,))  # one split, not a dict: the message says how to pass it

@@ -16,7 +16,8 @@ balanced split again for the pipelining tracer):
   partition* problem, solved exactly by dynamic programming); ``even_split``: the usual split by layer
   count; ``imbalance``: max / mean of the stage costs (1.0 is perfect);
 - ``split_stages`` and ``stage_times``: the graph cut into stage ``GraphModule`` s with fx's own
-  ``split_module``, and each stage's forward timed in CPU seconds of the calling thread (median of repeats).
+  ``split_module``, and each stage's forward timed in CPU seconds of the calling thread (median of repeats, several splits
+  timed interleaved).
 """
 
 import operator
@@ -184,27 +185,39 @@ def split_stages(gm: fx.GraphModule, units, bounds) -> fx.GraphModule:
     return split_module(gm, gm, lambda node: assignment[node.name], keep_original_order=True)
 
 
-def stage_times(split: fx.GraphModule, example_inputs, repeats: int = 5) -> list[float]:
-    """Median CPU seconds of each stage's forward (no autograd), the stages timed in turn, ``repeats`` rounds.
+def stage_times(splits: dict[str, fx.GraphModule], example_inputs, repeats: int = 5) -> dict[str, list[float]]:
+    """Median CPU seconds of each stage's forward (no autograd), for each split of ``splits`` (label -> split).
 
     The clock is ``time.thread_time()``: the CPU time of this thread, which a preempted stage does not
     accumulate while it waits, so a loaded machine does not inflate it the way it inflates wall-clock time.
     It sees only work done in this thread: run with ``torch.set_num_threads(1)`` (on a GPU, time with CUDA
-    events instead). Each round times every stage once; the median drops the rounds disturbed most."""
-    stages = sorted((name for name, _ in split.named_children() if name.startswith("submod_")),
-                    key=lambda name: int(name.split("_")[1]))
-    inputs = {}
-    hooks = [getattr(split, name).register_forward_pre_hook(lambda mod, args, name=name: inputs.setdefault(name, args))
-             for name in stages]
-    with torch.no_grad():
-        split(*example_inputs)  # once to capture each stage's inputs (and to warm up)
-    for hook in hooks:
-        hook.remove()
-    seconds = {name: [] for name in stages}
+    events instead). CPU time still varies with what shares the core's caches and clock, so the splits are
+    timed *interleaved*: each of the ``repeats`` rounds times every stage of every split once, and a slow
+    stretch of the machine falls on all splits alike instead of on whichever was timed then. The median
+    drops the rounds disturbed most."""
+    if not isinstance(splits, dict) or not splits:
+        raise TypeError(f"stage_times takes a dict of label -> split GraphModule (from split_stages), got "
+                        f"{type(splits).__name__}: pass {{'my split': split_stages(...)}}")
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats}: time each stage at least once")
+    jobs = []  # (label, stage module, its captured inputs), every stage of every split
+    for label, split in splits.items():
+        stages = sorted((name for name, _ in split.named_children() if name.startswith("submod_")),
+                        key=lambda name: int(name.split("_")[1]))
+        inputs = {}
+        hooks = [getattr(split, name).register_forward_pre_hook(
+            lambda mod, args, name=name: inputs.setdefault(name, args)) for name in stages]
+        with torch.no_grad():
+            split(*example_inputs)  # once to capture each stage's inputs (and to warm up)
+        for hook in hooks:
+            hook.remove()
+        jobs += [(label, getattr(split, name), inputs[name]) for name in stages]
+    seconds = [[] for _ in jobs]
     with torch.no_grad():
         for _ in range(repeats):
-            for name in stages:
+            for (_, stage, args), times in zip(jobs, seconds):
                 start = time.thread_time()
-                getattr(split, name)(*inputs[name])
-                seconds[name].append(time.thread_time() - start)
-    return [statistics.median(seconds[name]) for name in stages]
+                stage(*args)
+                times.append(time.thread_time() - start)
+    return {label: [statistics.median(times) for (owner, _, _), times in zip(jobs, seconds) if owner == label]
+            for label in splits}
