@@ -14,7 +14,7 @@ def test_a_lab_depends_on_its_checker_its_solution_and_what_they_import():
 
 def test_a_lesson_depends_on_the_scripts_it_runs():
     deps = notebook_dependencies(ROOT / "notebooks" / "10_torchrun_and_slurm.ipynb")
-    assert {"notebooks/scripts/02_ddp_train.py", "utils/scale_out/torchrun.py", "utils/lesson_training.py"} <= deps
+    assert {"notebooks/scripts/02_ddp_train.py", "utils/scale_out/torchrun.py", "utils/data_parallel/torch_ddp.py"} <= deps
 
 
 def test_a_package_brings_its_init_and_relative_imports():

@@ -5,8 +5,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from utils import run_ranks
-from utils.lesson_training import batch, make_model
-from utils.data_parallel.scratch import allreduce_gradients, broadcast_state, cpu_state, global_losses, max_diff, train_single
+from utils.data_parallel.scratch import allreduce_gradients, broadcast_state, cpu_state, global_losses, max_diff
+from utils.datasets import batch
+from utils.models import make_model, train_reference
 
 
 def _two_steps(steps, size, lr, broadcast):
@@ -28,7 +29,7 @@ def _two_steps(steps, size, lr, broadcast):
 
 
 def test_scratch_ddp_equals_one_process_and_needs_the_broadcast():
-    ref_state, ref_losses = train_single(2, 240, 0.5)
+    ref_state, ref_losses = train_reference(2, 240, "sgd", 0.5)
     got = run_ranks(_two_steps, 2, 240, 0.5, True, world_size=2, verbose=False)
     torch.testing.assert_close(got[0]["state"], ref_state, rtol=1e-5, atol=1e-6)
     assert max_diff(got[0]["state"], got[1]["state"]) == 0  # the replicas stay bitwise equal

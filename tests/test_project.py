@@ -129,7 +129,7 @@ def test_the_package_map_names_every_part_of_utils(tmp_path):
     (tmp_path / "newidea" / "__init__.py").write_text("")
     (tmp_path / "loose.py").write_text("")
     assert _left_off_the_map(docstring, tmp_path) == ["loose", "newidea"]
-    assert _left_off_the_map(docstring.replace("``utils.recompute``", "recompute"), ROOT / "utils") == ["recompute"]
+    assert _left_off_the_map(docstring.replace("``utils.models``", "models"), ROOT / "utils") == ["models"]
 
 
 @pytest.mark.slow

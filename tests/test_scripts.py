@@ -12,7 +12,8 @@ import time
 import pytest
 import torch
 
-from utils import lesson_training
+from utils.datasets import batch
+from utils.models import make_optimizer
 from utils.scale_out.torchrun import (TorchrunFailed, launch, parse_losses, parse_result, print_result, run_agents, run_script,
                             torchrun_command)
 
@@ -99,11 +100,11 @@ def test_command_lines():
 
 
 def test_batches_cycle_and_optimizers_are_checked():
-    x0, _ = lesson_training.batch(0, 240)
-    x7, _ = lesson_training.batch(7, 240)  # 1797 // 240 = 7 batches per pass: step 7 is batch 0 again
+    x0, _ = batch(0, 240)
+    x7, _ = batch(7, 240)  # 1797 // 240 = 7 batches per pass: step 7 is batch 0 again
     assert torch.equal(x0, x7)
     with pytest.raises(ValueError, match="optimizer 'lamb' is not one of"):
-        lesson_training.make_optimizer([], "lamb", 0.1)
+        make_optimizer([], "lamb", 0.1)
 
 
 def test_every_script_that_joins_a_group_leaves_through_finish():

@@ -43,7 +43,8 @@ def _notebook(tmp_path, *cells):
 
 
 IMPORTS = ("import inspect\nfrom IPython.display import Code\nfrom torch.nn import Linear\n"
-           "from utils.lesson_training import make_model, batch\nfrom utils import pipeline\nimport utils\n\n"
+           "from utils.models import make_model\nfrom utils.datasets import batch\n"
+           "from utils import pipeline\nimport utils\n\n"
            "def mine():\n    pass")
 
 
@@ -52,7 +53,7 @@ def test_shows_are_resolved_through_imports_and_reexports(tmp_path):
                      "print(inspect.getsource(make_model))",
                      'Code(inspect.getsource(pipeline.one_f_one_b_order), language="python")',  # a re-export
                      "inspect.getsource(Linear); inspect.getsource(mine)",  # torch's and the notebook's own: not ours
-                     "%%ranks 2\nprint(inspect.getsource(utils.recompute._one))",
+                     "%%ranks 2\nprint(inspect.getsource(utils.sharding.recompute._one))",
                      "batch??",
                      "%%time\nx = inspect.getsource(batch)",  # a cell magic over Python
                      "%%bash\necho 'inspect.getsource(nothing)'",  # over something else: not read
@@ -60,9 +61,8 @@ def test_shows_are_resolved_through_imports_and_reexports(tmp_path):
     shows, unresolved = notebook_shows(path)
     assert unresolved == []
     assert sorted(key for key, _ in shows) == [
-        "utils.lesson_training.batch", "utils.lesson_training.batch", "utils.lesson_training.make_model",
-        "utils.lesson_training.make_model",
-        "utils.pipeline.schedules.one_f_one_b_order", "utils.recompute._one"]
+        "utils.datasets.batch", "utils.datasets.batch", "utils.models.make_model", "utils.models.make_model",
+        "utils.pipeline.schedules.one_f_one_b_order", "utils.sharding.recompute._one"]
 
 
 def test_a_show_that_cannot_be_resolved_names_its_notebook_and_cell(tmp_path):
@@ -73,23 +73,23 @@ def test_a_show_that_cannot_be_resolved_names_its_notebook_and_cell(tmp_path):
     assert "cell 1 (id c1)" in problems[0] and "`f`" in problems[0]
     assert "cell 2 (id c2)" in problems[1] and "no function, class or module of utils" in problems[1]
     # listed by hand, the loop's cell counts as showing what it says
-    found, problems = current(notebooks=[path], by_hand={f"{path}#c1": ["utils.lesson_training.batch"]})
-    assert len(problems) == 1 and found == {"utils.lesson_training.batch": [str(path)]}
+    found, problems = current(notebooks=[path], by_hand={f"{path}#c1": ["utils.datasets.batch"]})
+    assert len(problems) == 1 and found == {"utils.datasets.batch": [str(path)]}
 
 
 def test_a_notebook_showing_an_unlisted_function_is_stale(tmp_path):
     path = _notebook(tmp_path, IMPORTS, "print(inspect.getsource(batch))")
     found = current(notebooks=[path], by_hand={})[0]
-    listed = {"utils.lesson_training.make_model": [str(path)]}
-    assert stale(listed, found) == [f"{path} shows utils.lesson_training.batch, which the list does not say",
-                                    f"the list says {path} shows utils.lesson_training.make_model; it does not"]
+    listed = {"utils.models.make_model": [str(path)]}
+    assert stale(listed, found) == [f"{path} shows utils.datasets.batch, which the list does not say",
+                                    f"the list says {path} shows utils.models.make_model; it does not"]
     assert stale(found, found) == []
 
 
 def test_a_listed_function_that_is_gone_is_stale():
-    key = "utils.lesson_training.make_model"
-    source = _working_tree("utils/lesson_training.py").replace("def make_model(", "def build_model(")
-    without = lambda p: source if p == "utils/lesson_training.py" else _working_tree(p)  # noqa: E731
+    key = "utils.models.make_model"
+    source = _working_tree("utils/models.py").replace("def make_model(", "def build_model(")
+    without = lambda p: source if p == "utils/models.py" else _working_tree(p)  # noqa: E731
     assert stale({key: ["notebooks/02a_ddp_from_scratch.ipynb"]}, {key: ["notebooks/02a_ddp_from_scratch.ipynb"]},
                  without) == [f"the list names {key}, which is no function, class or module of utils now"]
     # a key that names a re-export, not the definition, is not the canonical one either
@@ -99,17 +99,17 @@ def test_a_listed_function_that_is_gone_is_stale():
 # --- what a change edits ----------------------------------------------------------------------------------------
 
 def test_an_edit_names_the_shown_objects_and_their_lessons():
-    shown = {"utils.lesson_training.make_model": ["notebooks/02a_ddp_from_scratch.ipynb"],
-             "utils.lesson_training.batch": ["notebooks/02a_ddp_from_scratch.ipynb"],
+    shown = {"utils.models.make_model": ["notebooks/02a_ddp_from_scratch.ipynb"],
+             "utils.models.train_reference": ["notebooks/02a_ddp_from_scratch.ipynb"],
              "utils.comm.p2p.sendrecv": ["notebooks/01a_point_to_point_and_collectives.ipynb"]}
-    path = "utils/lesson_training.py"
+    path = "utils/models.py"
     before = _working_tree(path)
     body = before.replace("    torch.manual_seed(seed)", "    torch.manual_seed(seed + 0)", 1)  # in make_model
     body = body.replace('"sgd" (lessons 02, 06)', '"sgd" (lessons 02 and 06)', 1)  # make_optimizer: not shown
     assert body.count("manual_seed(seed + 0)") == body.count("lessons 02 and 06") == 1
     after = lambda p: body if p == path else _working_tree(p)  # noqa: E731
     assert edited(shown, _working_tree, after, {path}) == [
-        ("utils.lesson_training.make_model", ["notebooks/02a_ddp_from_scratch.ipynb"], "edited")]
+        ("utils.models.make_model", ["notebooks/02a_ddp_from_scratch.ipynb"], "edited")]
     gone = lambda p: None if p == path else _working_tree(p)  # noqa: E731
     assert [how for _, _, how in edited(shown, _working_tree, gone, {path})] == ["removed", "removed"]
     assert edited(shown, _working_tree, _working_tree, {path}) == []

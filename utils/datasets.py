@@ -1,7 +1,8 @@
 """Small real data sets that ship inside an installed package: nothing is downloaded at run time.
 
 Derived in notebook 02 (data parallelism), where the digits train the course model, in one fixed shuffled order
-(``digits_in_order``) that lessons 02, 08 and their scripts share. ``AugmentedDigits``
+(``digits_in_order``) that lessons 02, 08 and their scripts share, and ``batch``, the global batch of a step that
+lessons 02, 04 and 06 and their ``torchrun`` scripts train on. ``AugmentedDigits``
 (random shifts and noise in pure Python) comes from lesson 08: notebooks/08a_lightning_strategies.ipynb seeds
 its workers with ``seed_everything``, notebooks/08b_lightning_speedups.ipynb loads it with ``num_workers``.
 """
@@ -29,6 +30,15 @@ def digits_in_order():
     x, y = digits()
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
     return x[order], y[order]
+
+
+def batch(step, size, ordered=True):
+    """Global batch ``step`` of ``size`` digits: lesson 02's shuffled order (``ordered``) or the file's order
+    (lessons 04 and 06). Past the end of the 1797 digits it starts again from the first batch."""
+    x, y = digits_in_order() if ordered else digits()
+    per_epoch = len(x) // size
+    rows = slice((step % per_epoch) * size, (step % per_epoch + 1) * size)
+    return x[rows], y[rows]  # (size, 64), (size,)
 
 
 class AugmentedDigits(Dataset):

@@ -2,7 +2,7 @@
 
     python -m torch.distributed.run --standalone --nproc-per-node 4 notebooks/scripts/02_ddp_train.py --steps 3
 
-The loop is ``utils.lesson_training.ddp_losses``: rank r trains on samples r, r+n, ... of each global batch of
+The loop is ``utils.data_parallel.torch_ddp.ddp_losses``: rank r trains on samples r, r+n, ... of each global batch of
 240 digits and DDP averages the gradients. Rank 0 prints the per-step global losses, exactly (``RESULT``),
 which lesson 02 compares with its own cells and lesson 10 with the same run on two nodes.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `utils`
-from utils.lesson_training import DDP_BATCH, DDP_LR, ddp_losses  # noqa: E402 - after the path
+from utils.data_parallel.torch_ddp import DDP_BATCH, DDP_LR, ddp_losses  # noqa: E402 - after the path
 from utils.scale_out.torchrun import finish, init_from_env, print_result  # noqa: E402
 
 

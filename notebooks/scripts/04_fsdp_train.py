@@ -2,7 +2,7 @@
 
     python -m torch.distributed.run --standalone --nproc-per-node 4 notebooks/scripts/04_fsdp_train.py --hidden 512
 
-The loop is ``utils.lesson_training.fsdp_losses``: ``fully_shard`` on embed, on the tied mix1/mix2 pair (one
+The loop is ``utils.sharding.fsdp2.fsdp_losses``: ``fully_shard`` on embed, on the tied mix1/mix2 pair (one
 group) and on head, then the root; each rank trains on its 1/n of 120 digits per step. Rank 0 prints the
 per-step global losses (``RESULT``), which lesson 04a compares with its own FSDP2 cells.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `utils`
-from utils.lesson_training import FSDP_BATCH, FSDP_LR, fsdp_losses  # noqa: E402 - after the path
+from utils.sharding.fsdp2 import FSDP_BATCH, FSDP_LR, fsdp_losses  # noqa: E402 - after the path
 from utils.scale_out.torchrun import finish, init_from_env, print_result  # noqa: E402
 
 

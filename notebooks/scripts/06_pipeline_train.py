@@ -2,7 +2,7 @@
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 notebooks/scripts/06_pipeline_train.py --steps 3
 
-The loop is ``utils.lesson_training.pipeline_losses``: ``torch.distributed.pipelining`` cuts ToyNet at its
+The loop is ``utils.pipeline.pipelining.pipeline_losses``: ``torch.distributed.pipelining`` cuts ToyNet at its
 layer boundaries (one stage per process, at most 4), runs GPipe over the micro-batches of 32 digits, sums the
 tied weight's gradient over the stages and steps. Step 0's loss is lesson 06's one-process loss on its batch.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `utils`
-from utils.lesson_training import PIPE_BATCH, PIPE_LR, pipeline_losses  # noqa: E402 - after the path
+from utils.pipeline.pipelining import PIPE_BATCH, PIPE_LR, pipeline_losses  # noqa: E402 - after the path
 from utils.scale_out.torchrun import finish, init_from_env, print_result  # noqa: E402
 
 

@@ -1,7 +1,7 @@
-"""Lesson 02's DDP from scratch: the reference run, the two helpers that make DDP correct, and the comparisons.
+"""Lesson 02's DDP from scratch: the two helpers that make DDP correct, and the comparisons.
 
-Derived in ``notebooks/02a_ddp_from_scratch.ipynb`` (which prints ``train_single``, ``broadcast_state`` and
-``allreduce_gradients`` and checks them against one process for 2, 3 and 4 ranks); imported again by
+Derived in ``notebooks/02a_ddp_from_scratch.ipynb`` (which prints ``broadcast_state`` and ``allreduce_gradients``
+and checks them against one process, ``utils.models.train_reference``, for 2, 3 and 4 ranks); imported again by
 ``notebooks/02b_ddp_in_practice.ipynb``, which puts gradient accumulation, torch DDP and Lightning beside them.
 
 ``broadcast_state`` and ``allreduce_gradients`` run on one rank of an initialised process group; the rest is
@@ -13,26 +13,8 @@ import statistics
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-from ..lesson_training import batch, make_model
-
-__all__ = ["train_single", "broadcast_state", "allreduce_gradients", "cpu_state", "max_diff", "global_losses"]
-
-
-def train_single(steps, global_batch, lr):
-    """The reference: one process, the whole batch of ``global_batch`` samples per step, plain SGD, seed 0."""
-    model = make_model(0)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    losses = []
-    for step in range(steps):
-        x, y = batch(step, global_batch)  # (B, 64), (B,): lesson 02's fixed order
-        loss = F.cross_entropy(model(x), y)  # mean over the B samples
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return model.state_dict(), losses
+__all__ = ["broadcast_state", "allreduce_gradients", "cpu_state", "max_diff", "global_losses"]
 
 
 def broadcast_state(model, src=0):

@@ -1,10 +1,27 @@
 """FSDP2 on the course model, the plan lesson 04a derives (notebooks/04a_fsdp2_zero_redundancy.ipynb): the blocks
 first, the root last, and the tied mix1/mix2 pair in one group. Lesson 04's script and lesson 08's
-``LitToy.configure_model`` apply the same plan from here; lesson 04c (notebooks/04c_fsdp2_overlap_and_accumulation.ipynb)
-passes ``reshard_after_forward`` to the blocks."""
+``LitToy.configure_model`` apply the same plan from here; lesson 04c
+(notebooks/04c_fsdp2_overlap_and_accumulation.ipynb) passes ``reshard_after_forward`` to the blocks.
+
+Lesson 04's batches are here too: ``fsdp_batch``, rank r's equal slice of a global batch (lessons 04a, 04b and 04c
+train on it), and ``fsdp_losses``, the bare loop that lesson 04's ``torchrun`` script
+(``notebooks/scripts/04_fsdp_train.py``) runs, so that the lesson can check that ``torchrun`` reproduces its cells.
+The one process they must reproduce is ``utils.models.train_reference(steps, FSDP_BATCH, "adam", FSDP_LR,
+ordered=False)``."""
+
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..data_parallel.torch_ddp import global_mean, say_step
+from ..datasets import batch
+from ..launch import rank_device
+from ..models import make_model, make_optimizer
+
+__all__ = ["FSDP2_GROUPS", "FSDP_BATCH", "FSDP_LR", "shard_with_fsdp2", "fsdp_batch", "fsdp_losses"]
 
 #: the groups ``shard_with_fsdp2`` makes, in forward order: the ToyNet submodules of each block group
 FSDP2_GROUPS = (("embed",), ("mix1", "mix2"), ("head",))
+FSDP_BATCH, FSDP_LR = 120, 1e-3  # lesson 04: global batch, Adam learning rate
 
 
 def shard_with_fsdp2(net, mesh, reshard_after_forward=None):
@@ -19,3 +36,36 @@ def shard_with_fsdp2(net, mesh, reshard_after_forward=None):
     fully_shard([net.mix1, net.mix2], mesh=mesh, **blocks)  # one tensor used by two layers: one group
     fully_shard(net.head, mesh=mesh, **blocks)
     fully_shard(net, mesh=mesh)  # the root: the leftovers (frozen input_scale) and the driver
+
+
+def fsdp_batch(step, rank=0, n=1, device="cpu", size=FSDP_BATCH):
+    """Rank `rank`'s slice of lesson 04's global batch `step`: (size/n, 64) inputs, (size/n,) labels.
+
+    Equal slices on purpose: every rank's loss is a mean over its own slice and the ranks' gradients
+    are then averaged, which is the global mean only when the slices are equal. With 64 rows on 3
+    ranks (22 + 22 + 20), each of rank 2's rows weighed 1/60 and the others' 1/66 instead of 1/64,
+    and FSDP2 ended 3.8e-3 away from one process after 3 steps, 380x the tolerance lesson 04a uses.
+    Derived in lesson 04a (notebooks/04a_fsdp2_zero_redundancy.ipynb); lesson 04b trains on the same batches."""
+    if size % n:
+        raise ValueError(f"a global batch of {size} does not split into {n} equal slices; use a multiple of {n}")
+    x, y = batch(step, size, ordered=False)  # rows [step*size, (step+1)*size) of the digits
+    return x.chunk(n)[rank].to(device), y.chunk(n)[rank].to(device)
+
+
+def fsdp_losses(steps, hidden=512, size=FSDP_BATCH, lr=FSDP_LR):
+    """Lesson 04's FSDP2: blocks first (the tied mix1/mix2 pair in one group), then the root; Adam."""
+    from torch.distributed.device_mesh import init_device_mesh
+    rank, n, device = dist.get_rank(), dist.get_world_size(), rank_device()
+    model = make_model(hidden=hidden).to(device)
+    shard_with_fsdp2(model, init_device_mesh(device.type, (n,)))  # in place: embed, [mix1, mix2], head, root
+    opt = make_optimizer(model.parameters(), "adam", lr)  # sees DTensors: its state is sharded too
+    losses = []
+    for step in range(steps):
+        x, y = fsdp_batch(step, rank, n, device, size)  # (B/n, 64); refuses unequal slices
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()  # reduce-scatter: each rank gets the mean gradient of its rows
+        opt.step()
+        losses.append(global_mean(loss))
+        say_step(step, steps, losses[-1])
+    return losses

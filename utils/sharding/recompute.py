@@ -1,5 +1,6 @@
 """Activation recomputation run, not only modelled: no checkpointing, full and selective, on the capstone's layers
-(lesson 09c, ``notebooks/09c_activation_recompute.ipynb``, derives each piece).
+(lesson 09c, ``notebooks/09c_activation_recompute.ipynb``, derives each piece). It sits beside ``activation_memory``:
+that module measures what autograd keeps for backward, this one keeps less of it and recomputes the rest.
 
 - ``MODES``: "none" (autograd keeps what each op saves), "full" (``torch.utils.checkpoint``, non-reentrant: keep
   the layer's input, replay its forward in backward), "selective" (the same checkpoint with a policy from
@@ -8,7 +9,9 @@
 - ``run_layers``: layers in sequence under one mode; ``kept_per_layer``: the bytes the forward keeps for backward,
   per layer, by op (``utils.sharding.activation_memory.KeptBytes``); ``step_flops``: forward + backward FLOPs,
   recomputation included (``torch.utils.flop_counter.FlopCounterMode``); ``grads``: the parameters' gradients;
-- ``matmul_output_bytes``: the formula for what the selective policy keeps, from the model's shape.
+- ``matmul_output_bytes``: the formula for what the selective policy keeps, from the model's shape (a
+  ``utils.planner.ModelShape``, read here by its fields: the planner imports ``utils.sharding``, so this module
+  does not import the planner back).
 """
 
 from __future__ import annotations
@@ -18,8 +21,7 @@ import functools
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from .planner import ModelShape
-from .sharding.activation_memory import KeptBytes
+from .activation_memory import KeptBytes
 
 __all__ = ["MODES", "SAVED_OPS", "save_matmuls", "run_layers", "kept_per_layer", "step_flops", "grads",
            "matmul_output_bytes"]
@@ -93,10 +95,11 @@ def grads(layers, x, mode, **kwargs):
     return {n: p.grad.clone() for n, p in layers.named_parameters()}
 
 
-def matmul_output_bytes(model: ModelShape, micro_batch: int, element_bytes: int = 2) -> float:
+def matmul_output_bytes(model, micro_batch: int, element_bytes: int = 2) -> float:
     """What the selective policy keeps per layer: the layer's input (s b h) and the output of every linear layer:
     q, o (s b h each), k, v (s b h kv/heads each), the MLP's up (and gate) (s b f each) and down (s b h).
-    Llama: s b (4h + 2 kv_dim + 2f) values; measured exactly in lesson 09c."""
+    Llama: s b (4h + 2 kv_dim + 2f) values; measured exactly in lesson 09c. ``model``: a
+    ``utils.planner.ModelShape``."""
     s, b, h, f = model.seq_len, micro_batch, model.hidden, model.ffn_hidden
     kv = model.kv_heads * (h // model.heads)
     return element_bytes * s * b * (h + 2 * h + 2 * kv + (2 if model.gated_mlp else 1) * f + h)

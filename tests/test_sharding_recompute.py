@@ -1,4 +1,4 @@
-"""utils.recompute and the planner's activation terms it corrected (lesson 09c): none, full and selective
+"""utils.sharding.recompute and the planner's activation terms it corrected (lesson 09c): none, full and selective
 checkpointing run on the capstone's Hugging Face Llama layers, bytes kept and FLOPs measured, exact."""
 
 import dataclasses
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from utils.planner import ModelShape, flops_per_token, layer_activation_bytes, layer_matrices
-from utils.recompute import MODES, grads, kept_per_layer, matmul_output_bytes, run_layers, step_flops
+from utils.sharding.recompute import MODES, grads, kept_per_layer, matmul_output_bytes, run_layers, step_flops
 from utils.sharding.activation_memory import KeptBytes, saved_bytes
 
 B, S = 2, 8  # a small batch: the counts are exact at any size
