@@ -132,6 +132,28 @@ def test_the_package_map_names_every_part_of_utils(tmp_path):
     assert _left_off_the_map(docstring.replace("``utils.models``", "models"), ROOT / "utils") == ["models"]
 
 
+def _modules_left_off(package):
+    """The modules of ``package`` (a folder with an ``__init__.py``) that its ``__init__``'s docstring does not name
+    as ``name``."""
+    import ast
+
+    docstring = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    return [p.stem for p in sorted(package.glob("*.py"))
+            if p.stem != "__init__" and not re.search(rf"``{p.stem}(\.py)?``", docstring)]
+
+
+def test_every_package_lists_its_modules(tmp_path):
+    """The map says each folder's ``__init__`` lists its modules: a module added to a package is named there, so
+    a learner who opens the package finds it. Checked on a planted module missing from a copy too."""
+    missing = {p.parent.name: _modules_left_off(p.parent) for p in sorted((ROOT / "utils").glob("*/__init__.py"))}
+    missing = {name: mods for name, mods in missing.items() if mods}
+    assert not missing, f"these packages' __init__ docstrings leave out modules: {missing}"
+    (tmp_path / "__init__.py").write_text('"""``known``: named."""')
+    (tmp_path / "known.py").write_text("")
+    (tmp_path / "unknown.py").write_text("")
+    assert _modules_left_off(tmp_path) == ["unknown"]
+
+
 @pytest.mark.slow
 def test_wheel_ships_every_utils_module(tmp_path):
     """`pip install .` (not editable) gives the whole course package: every module of utils/ is in the wheel,

@@ -7,11 +7,13 @@
 - ``doubling_all_gather``: lab 01b, ``check_doubling_all_gather``.
 - ``folded_all_reduce``: lab 01b, ``check_halving_doubling_all_reduce``.
 - ``ddp``: lab 02, ``check_ddp`` (a ``BucketedDDP``).
-- ``zero``: lab 03, ``check_make_buckets``, ``check_bucketed_zero2``.
+- ``zero``: lab 03, ``check_make_buckets``, ``check_bucketed_zero2``; its pieces ``zero_buckets`` (the bucket rule),
+  ``zero_optim`` (the inner optimizer and its groups) and ``zero_memory`` (every live tensor an answer keeps).
 - ``tensor_parallel``: lab 05, ``check_vocab_parallel_cross_entropy``.
 - ``pipeline_schedule``: lab 06, ``check_interleaved``.
 - ``plan_3d``: lab 09, ``check_choose_plan``, ``check_plan_run``.
 - ``hang_debugging``: labs 11a and 11b, ``check_diagnosis``, ``check_fix``.
+- ``ring_attention``: lab 14, ``check_merge``, ``check_causal_block``, ``check_ring_attention``.
 - ``labs``: every lab in one table (``LABS``): its notebook, the names a learner writes, the checks that
   grade them; ``answers_from_notebook`` reads a lab notebook's definitions without running it.
 """
