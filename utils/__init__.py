@@ -26,9 +26,9 @@ Each module holds one idea and names the notebook that derives it; each folder's
   07's shared launch pieces (``training``) and the ZeRO optimizer's partitions (``partitions``) (notebooks 07a-07c).
 - ``utils.lightning``: ``toy`` (``LitToy`` and its runs), ``ddp_notebook``, ``speedups``, ``compile_check``,
   ``gpt_benchmark`` (notebooks 02, 08a, 08b).
-- ``utils.mesh``: ``mesh3d``, ``parallelize3d`` and ``mfu``: the 3-D mesh, the tiny Llama trained on it, its MFU
-  (notebook 09, lab 09); ``context4d``, the capstone with torch's context parallelism as a fourth dimension
-  (notebook 14).
+- ``utils.mesh``: ``mesh3d``, ``plan3d``, ``parallelize3d`` and ``mfu``: the 3-D mesh, a run of the tiny Llama as the
+  planner's ``Plan``, the model trained on it, its MFU (notebook 09, lab 09); ``context4d``, the capstone with context
+  parallelism (the course's ring attention) as a fourth dimension (notebook 14).
 - ``utils.precision``: ``fp8`` (FP8 formats, scales, delayed scaling, a Float8 linear simulated in fp32) and
   ``fp8_training`` (the recipes in training, torchao's float8 timed on a GPU) (notebook 08d).
 - ``utils.recompute``: activation recomputation run, not only modelled: none, full and selective checkpointing on
