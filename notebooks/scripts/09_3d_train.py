@@ -3,7 +3,8 @@
     python -m torch.distributed.run --standalone --nproc-per-node 8 notebooks/scripts/09_3d_train.py --dp 2 --pp 2 --tp 2
 
 The run is a ``utils.planner.Plan`` (``utils.mesh.plan3d.mesh_plan``); the model, the split and the loop are
-``utils.mesh.parallelize3d`` (``build`` and ``train``), the code lesson 09 derives and runs in its own cells; its one-process ``reference`` is what the losses must match.
+``utils.mesh.parallelize3d`` (``build`` and ``train``), the code lesson 09 derives and runs in its own cells; its
+one-process ``reference`` is what the losses must match.
 ``--dp 1 --pp 1`` is pure tensor (and sequence) parallelism: that is ``05_tp_train.py``.
 """
 

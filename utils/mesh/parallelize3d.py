@@ -78,7 +78,7 @@ class LlamaStage(nn.Module):
         self.layers = nn.ModuleDict({str(i): hf.model.layers[i] for i in range(lo, hi)})  # original names
         self.rotary_emb = hf.model.rotary_emb
         self.norm, self.lm_head = (hf.model.norm, hf.lm_head) if last else (None, None)
-        self.checkpoint_layers = False  # build sets it for checkpointing="full": recompute each block's forward in backward
+        self.checkpoint_layers = False  # build sets it (checkpointing="full"): recompute each block in backward
         self.positions = None  # build sets it when cp > 1: the global positions of this cp rank's tokens
 
     def forward(self, x):  # first stage: (b, s) token ids; others: (b, s/tp, h) hidden states
