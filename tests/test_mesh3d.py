@@ -1,13 +1,16 @@
-"""utils.mesh.mesh3d (lesson 09): mesh factorisations, refusals with the numbers, bytes attributed per dimension."""
+"""utils.mesh.mesh3d and plan3d (lesson 09): mesh factorisations, a run as a Plan refused with the numbers, bytes
+attributed per dimension."""
+
+import dataclasses
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import utils
-from utils.mesh.mesh3d import MeshCommLedger, check_mesh, meshes, model_state_bytes
-
-SIZES = dict(heads=4, kv_heads=2, layers=4, batch=8, microbatches=2)
+from utils.mesh.mesh3d import MeshCommLedger, meshes, model_state_bytes
+from utils.mesh.plan3d import SHAPE, mesh_plan, plan_4d, unrunnable
+from utils.planner import check_plan
 
 
 def test_meshes_are_the_factorisations():
@@ -17,16 +20,45 @@ def test_meshes_are_the_factorisations():
         assert len(found) == sum(1 for d in range(1, n + 1) for p in range(1, n + 1) if n % (d * p) == 0)
 
 
-@pytest.mark.parametrize("mesh, words", [((1, 1, 4), ["2 key/value heads", "tp=4"]), ((1, 3, 1), ["4 layers", "pp=3"]),
-                                         ((3, 1, 1), ["batch 8", "dp=3", "2 micro-batches"]),
-                                         ((1, 1, 3), ["4 attention heads", "tp=3"])])
-def test_check_mesh_refuses_with_the_numbers(mesh, words):
+@pytest.mark.parametrize("mesh, words", [((1, 3, 1), ["number of layers 4", "pp*v=3*1"]),
+                                         ((3, 1, 1), ["global batch 8", "dp=3", "micro-batches of 2"]),
+                                         ((1, 1, 3), ["number of heads 4", "tp=3"])])
+def test_a_mesh_that_does_not_fit_the_model_is_refused_with_the_numbers(mesh, words):
+    """One check of a run, the planner's: ``Plan`` refuses a batch that does not split, ``check_plan`` a mesh that
+    does not divide the model (``build`` calls it first)."""
     with pytest.raises(ValueError) as e:
-        check_mesh(*mesh, world_size=mesh[0] * mesh[1] * mesh[2], **SIZES)
+        check_plan(SHAPE, mesh_plan(*mesh))
     assert all(w in str(e.value) for w in words), str(e.value)
-    with pytest.raises(ValueError, match="WORLD_SIZE = 3"):
-        check_mesh(1, 1, 2, world_size=3, **SIZES)
-    assert check_mesh(2, 2, 2, world_size=8, **SIZES) == (2, 2, 2)
+    with pytest.raises(ValueError, match="number of KV heads 2 is not divisible by 4"):
+        check_plan(dataclasses.replace(SHAPE, kv_heads=2), mesh_plan(1, 1, 4))  # grouped-query attention
+    plan = check_plan(SHAPE, mesh_plan(2, 2, 2))
+    assert (plan.world_size, plan.microbatches, plan.micro_batch, unrunnable(plan)) == (8, 2, 2, "")
+
+
+@pytest.mark.parametrize("knobs, phrase", [(dict(precision="bf16"), "in fp32"), (dict(sequence_parallel=False),
+                                           "without sequence_parallel"), (dict(zero_stage=2), "ZeRO-2 with dp=2"),
+                                           (dict(v=2, schedule="1F1B"), "v=2"),
+                                           (dict(checkpointing="selective"), "selective")])
+def test_the_step_names_a_knob_it_does_not_have(knobs, phrase):
+    assert phrase in unrunnable(dataclasses.replace(mesh_plan(2, 2, 2), **knobs))
+
+
+def test_plan_4d_fits_the_model_or_says_why():
+    plan, _ = plan_4d(8)
+    assert (plan.dp, plan.pp, plan.cp, plan.tp) == (1, 1, 2, 4) and plan.world_size == 8
+    plan, why = plan_4d(6)
+    assert plan is None and len(why) == 3 and all(" 3" in w or " 6" in w for w in why), why  # a factor 3 each
+    assert plan_4d(3) == (None, ["3 ranks do not split into cp = 2 and the rest"])
+
+
+def _build(plan):
+    from utils.mesh.parallelize3d import build
+    build(plan, torch.device("cpu"))
+
+
+def test_build_refuses_a_plan_for_another_number_of_ranks():
+    with pytest.raises(utils.RankError, match="its mesh is 2 ranks, 1 run it: launch 2 or plan for 1"):
+        utils.run_ranks(_build, mesh_plan(1, 1, 2), world_size=1, verbose=False, timeout=120)
 
 
 def _attributed():

@@ -148,9 +148,9 @@ def test_full_recompute_replays_the_ep_all_to_alls():
     TABLE.append((f"lesson 15 all-to-all, ep={n}, full recompute", ep_bytes(model, plan, 4, leaving), measured))
 
 
-def _capstone_4d():
+def _capstone_4d(plan):
     from utils.mesh import parallelize3d
-    r = parallelize3d.train(1, 1, 2, steps=2, ac=True, cp=2)  # (dp, pp, cp, tp) = (1, 1, 2, 2), full recompute
+    r = parallelize3d.train(plan, steps=2)
     return r["comm"][("cp", "send")]["wire_bytes"], r["losses"], r["grads"]
 
 
@@ -159,10 +159,10 @@ def test_cp_in_the_capstones_mesh_equals_one_process_and_the_planners_bytes():
     recompute trains as one process does, and its ring sends the planner's cp bytes (the replayed forward
     included: 3 passes of every block, not 2)."""
     from utils.mesh import parallelize3d
-    runs = utils.run_ranks(_capstone_4d, world_size=4, verbose=False, timeout=180)
+    from utils.mesh.plan3d import mesh_plan
+    plan = mesh_plan(1, 1, 2, cp=2, checkpointing="full")  # (dp, pp, cp, tp) = (1, 1, 2, 2): one plan, run and priced
+    runs = utils.run_ranks(_capstone_4d, plan, world_size=4, verbose=False, timeout=180)
     ref_losses, ref_grads = parallelize3d.reference(2)
-    plan = Plan(global_batch=parallelize3d.BATCH, micro_batch=parallelize3d.BATCH, tp=2, cp=2, zero_stage=3,
-                precision="fp32", checkpointing="full", sequence_parallel=True, schedule="GPipe", loss_parallel=False)
     predicted = cp_bytes(parallelize3d.SHAPE, plan, 4)
     for sent, losses, grads in runs:
         assert sent == predicted == 1.5 * cp_bytes(parallelize3d.SHAPE, dataclasses.replace(plan, checkpointing="none"), 4)

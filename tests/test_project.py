@@ -1,5 +1,6 @@
 """House rules that keep the course working: one dependency list, clean notebooks, the layout."""
 
+import ast
 import json
 import os
 import re
@@ -120,8 +121,6 @@ def _left_off_the_map(docstring, utils_dir):
 def test_the_package_map_names_every_part_of_utils(tmp_path):
     """utils/__init__.py's docstring is the map a learner reads first: every subpackage and top-level module is on
     it (each package's own ``__init__`` lists its modules). Checked on a planted package missing from a copy too."""
-    import ast
-
     docstring = ast.get_docstring(ast.parse((ROOT / "utils" / "__init__.py").read_text()))
     missing = _left_off_the_map(docstring, ROOT / "utils")
     assert not missing, f"utils/__init__.py's map leaves out {missing}: add a line ``utils.NAME``: what it holds"
@@ -152,6 +151,79 @@ def test_every_package_lists_its_modules(tmp_path):
     (tmp_path / "known.py").write_text("")
     (tmp_path / "unknown.py").write_text("")
     assert _modules_left_off(tmp_path) == ["unknown"]
+
+
+def _utils_imports(utils_dir):
+    """{module: the modules of ``utils_dir`` it imports}, read with ``ast`` from every file, imports inside functions
+    too (they run, later); ``from .x import name`` is the submodule ``x.name`` where there is one, else ``x``."""
+    files = {}
+    for path in utils_dir.rglob("*.py"):
+        parts = path.relative_to(utils_dir.parent).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def ours(name):  # the longest prefix of ``name`` that is one of our modules ('' for torch and the like)
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph = {}
+    for name, path in files.items():
+        package = (name if path.stem == "__init__" else name.rpartition(".")[0]).split(".")
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {ours(alias.name) for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: up from this module's package
+                    base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+                found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in files else ours(base) for a in node.names}
+        graph[name] = found - {"", name}
+    return graph
+
+
+def _a_cycle(graph):
+    """One cycle of ``graph`` as [a, b, ..., a], or None."""
+    done, path = set(), []
+
+    def visit(node):
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt in path:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in done and (cycle := visit(nxt)):
+                return cycle
+        done.add(path.pop())
+        return None
+
+    return next((cycle for start in sorted(graph) if start not in done and (cycle := visit(start))), None)
+
+
+def _upward(graph):
+    """{module: the packages above it that it imports}: ``from .. import x`` in utils/mesh/ reads utils/__init__."""
+    found = {name: sorted(t for t in targets if name.startswith(t + ".")) for name, targets in graph.items()}
+    return {name: above for name, above in found.items() if above}
+
+
+def test_utils_is_layered_without_import_cycles(tmp_path):
+    """STYLE.md's layers: no utils module imports (even inside a function) one that imports it back, and none imports
+    from a package above it (a package's ``__init__`` imports its modules: a cycle in waiting). Checked on a planted
+    package too: a cycle through a function's import, and an upward ``from .. import``."""
+    graph = _utils_imports(ROOT / "utils")
+    assert {"utils.mesh.context4d", "utils.planner.shapes"} <= graph["utils.mesh.parallelize3d"]  # it reads imports
+    cycle = _a_cycle(graph)
+    assert cycle is None, f"an import cycle in utils: {' -> '.join(cycle)}; move the shared piece below both"
+    assert not _upward(graph), f"imports from a package above the module: {_upward(graph)}"
+    planted = tmp_path / "utils"
+    (planted / "a").mkdir(parents=True)
+    for name, text in (("__init__.py", "from .a import x\n"), ("a/__init__.py", ""),
+                       ("a/x.py", "import torch\n\ndef f():\n    from .y import g\n"),
+                       ("a/y.py", "from . import x\nfrom .. import a\n")):
+        (planted / name).write_text(text)
+    graph = _utils_imports(planted)
+    assert graph == {"utils": {"utils.a.x"}, "utils.a": set(), "utils.a.x": {"utils.a.y"},
+                     "utils.a.y": {"utils.a.x", "utils.a"}}
+    assert _a_cycle(graph) == ["utils.a.x", "utils.a.y", "utils.a.x"] and _upward(graph) == {"utils.a.y": ["utils.a"]}
 
 
 @pytest.mark.slow

@@ -37,9 +37,9 @@ this map names every folder and every module (a test holds both to it).
   07's shared launch pieces (``training``) and the ZeRO optimizer's partitions (``partitions``) (notebooks 07a-07c).
 - ``utils.lightning``: ``toy`` (``LitToy`` and its runs), ``ddp_notebook``, ``speedups``, ``compile_check``,
   ``gpt_benchmark`` (notebooks 02, 08a, 08b), ``accumulation``, ``model_parallel`` and ``gpu_strategies`` (08c).
-- ``utils.mesh``: ``mesh3d``, ``parallelize3d`` and ``mfu``: the 3-D mesh, the tiny Llama trained on it, its MFU
-  (notebook 09, lab 09); ``context4d``, the capstone with torch's context parallelism as a fourth dimension
-  (notebook 14).
+- ``utils.mesh``: ``mesh3d``, ``plan3d``, ``parallelize3d`` and ``mfu``: the 3-D mesh, a run of the tiny Llama as the
+  planner's ``Plan``, the model trained on it, its MFU (notebook 09, lab 09); ``context4d``, the capstone with context
+  parallelism (the course's ring attention) as a fourth dimension (notebook 14).
 - ``utils.precision``: ``fp8`` (FP8 formats, scales, delayed scaling, a Float8 linear simulated in fp32) and
   ``fp8_training`` (the recipes in training, torchao's float8 timed on a GPU) (notebook 08d).
 - ``utils.planner`` (``shapes``, ``costs``, ``cp_ep``, ``estimate``): memory per rank, bytes per mesh dimension,

@@ -2,8 +2,9 @@
 
     python -m torch.distributed.run --standalone --nproc-per-node 8 notebooks/scripts/09_3d_train.py --dp 2 --pp 2 --tp 2
 
-The model, the split, the plan and the loop are ``utils.mesh.parallelize3d`` (``build`` and ``train``), the code
-lesson 09 derives and runs in its own cells; its one-process ``reference`` is what the losses must match.
+The run is a ``utils.planner.Plan`` (``utils.mesh.plan3d.mesh_plan``); the model, the split and the loop are
+``utils.mesh.parallelize3d`` (``build`` and ``train``), the code lesson 09 derives and runs in its own cells; its
+one-process ``reference`` is what the losses must match.
 ``--dp 1 --pp 1`` is pure tensor (and sequence) parallelism: that is ``05_tp_train.py``.
 """
 
@@ -15,6 +16,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `utils`
 from utils.mesh.parallelize3d import LR, train  # noqa: E402 - after the path
+from utils.mesh.plan3d import mesh_plan  # noqa: E402
 from utils.scale_out.torchrun import finish, init_from_env, print_result  # noqa: E402
 
 
@@ -35,7 +37,7 @@ def main(argv=None, tp_only=False):
     if dp * pp * tp != n:
         raise ValueError(f"dp x pp x tp = {dp} x {pp} x {tp} = {dp * pp * tp}, but torchrun started {n} processes; "
                          f"choose degrees whose product is {n}")
-    out = train(dp, pp, tp, args.steps, lr=args.lr)  # check_mesh says what does not fit, with the numbers
+    out = train(mesh_plan(dp, pp, tp), args.steps, lr=args.lr)  # the planner's check_plan says what does not fit
     if dist.get_rank() == 0:
         print(f"mesh dp={dp} pp={pp} tp={tp}")
         print_result(out["losses"])

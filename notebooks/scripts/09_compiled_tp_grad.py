@@ -12,10 +12,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `utils`
 import utils  # noqa: E402 - after the path
 from utils.mesh.parallelize3d import LR, reference, train  # noqa: E402
+from utils.mesh.plan3d import mesh_plan  # noqa: E402
 
 
 def compiled(ac):
-    return train(1, 1, 2, 1, lr=LR, ac=ac, compile_backend="aot_eager", measure_step=-1)
+    plan = mesh_plan(1, 1, 2, checkpointing="full" if ac else "none")  # (dp, pp, tp) = (1, 1, 2)
+    return train(plan, 1, lr=LR, compile_backend="aot_eager", measure_step=-1)
 
 
 if __name__ == "__main__":

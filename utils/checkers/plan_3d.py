@@ -6,18 +6,18 @@ memory cap per rank) and compares each answer with the checker's own enumeration
 not ``utils.planner.best_plans``: a judge must not share the search it judges; a profile hook refuses a learner's
 call to either search). A slower answer is diagnosed by the knobs that, held at its values, leave no faster plan; an answer
 faster than the checker's optimum means the checker or the planner is wrong, and says so. ``check_plan_run``
-trains the plan's mesh on CPU ranks with ``utils.mesh.parallelize3d.train`` (lesson 09's step), honouring the plan's
-schedule and checkpointing, and refuses a plan with a knob that step cannot run (``unrunnable``).
+trains the plan on CPU ranks with ``utils.mesh.parallelize3d.train`` (lesson 09's step, which takes the ``Plan``
+itself: its mesh, micro-batches, schedule and checkpointing), and refuses, before launching, a plan with a knob that
+step cannot run (``utils.mesh.plan3d.unrunnable``).
 """
 
 import dataclasses
 import itertools
 
-from ..mesh import parallelize3d
-
 from .. import planner
+from ..mesh import parallelize3d
+from ..mesh.plan3d import BATCH, SHAPE, unrunnable
 from ..sharding.memory import zero_bytes_per_rank
-from ..mesh.parallelize3d import BATCH
 from .common import GRAD_TOL, CheckResult, LabCheckFailed, close, fail, launch_answer, watched_call
 
 SPACE = dict(micro_batch=(1, 2, 4), v=(1, 2), zero_stage=(0, 1, 2, 3), checkpointing=planner.CHECKPOINTING)
@@ -54,7 +54,7 @@ HINTS = {
     "not_equal": "the run must match one process: check that the plan's mesh divides the batch and the model.",
     "memory": "the measured shards must be the planner's prediction: read the table above.",
 }
-TINY = parallelize3d.SHAPE  # the tiny Llama of notebook 09, its shape read from the code that trains it
+TINY = SHAPE  # the tiny Llama of notebook 09, its shape read from the code that trains it
 TINY_BATCH = BATCH  # sequences per step
 
 
@@ -210,19 +210,6 @@ def check_choose_plan(choose_plan, cases=CASES):
 
 # ---------------------------------------------------------------- the plan's mesh on CPU ranks (notebook 09's step)
 
-def unrunnable(plan):
-    """Why lesson 09's step cannot run ``plan`` as it says ('' when it can): knobs it would otherwise ignore."""
-    if plan.v > 1:
-        return f"v={plan.v}: the step holds one stage per rank (no interleaved schedule)"
-    if plan.checkpointing == "selective":
-        return "checkpointing='selective': the step recomputes whole blocks (full) or nothing"
-    if plan.dp > 1 and plan.zero_stage != 3:
-        return f"ZeRO-{plan.zero_stage} with dp={plan.dp}: the step shards dp with FSDP2, i.e. ZeRO-3"
-    if plan.pp > 1 and plan.schedule == "1F1B" and plan.microbatches < plan.pp:
-        return f"1F1B with m={plan.microbatches} < p={plan.pp}: torch's Schedule1F1B refuses it"
-    return ""
-
-
 def check_plan_run(choose_plan, world_size, steps=2, timeout=300):
     """Ask ``choose_plan`` (or take a Plan) for the tiny Llama on ``world_size`` CPU ranks under 400 kB; run it as it
     says (schedule, checkpointing; refuse what cannot run); check equality with one process and memory per rank."""
@@ -234,7 +221,7 @@ def check_plan_run(choose_plan, world_size, steps=2, timeout=300):
     why = unrunnable(plan)
     if why:
         fail(HINTS, "cannot_run", f"{job}: {plan}: {why}", world_size)
-    ranks = launch_answer(_train, (plan, steps), world_size, timeout, "the plan's mesh",
+    ranks = launch_answer(parallelize3d.train, (plan, steps), world_size, timeout, "the plan's mesh",
                           "a rank waits for a message that never comes: see the stacks.")
     ref_losses, ref_grads = parallelize3d.reference(steps)
     got = {}
@@ -259,9 +246,3 @@ def check_plan_run(choose_plan, world_size, steps=2, timeout=300):
         lines.append(f"rank {rank} (stage {r['coords'][1]}): {sum(r['memory'].values()):,} B of parameters, gradients "
                      f"and Adam state = planner's {sum(want.values()):,.0f} B (Psi_stage = {psi:,})")
     return CheckResult("the plan trains like one process, as it says, and holds what the planner predicts", lines)
-
-
-def _train(plan, steps):
-    """One rank of the plan's run: lesson 09's step with the plan's micro-batches, schedule and checkpointing."""
-    return parallelize3d.train(plan.dp, plan.pp, plan.tp, steps, plan.microbatches, ac=plan.checkpointing == "full",
-                               schedule=plan.schedule)

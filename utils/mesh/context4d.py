@@ -19,7 +19,7 @@ the mesh is then ("dp", "pp", "cp", "tp"), tp fastest, Llama 3's order. Three th
 from ..context_parallel.ring import positions as _positions
 from ..context_parallel.ring import ring_attention, shard
 
-__all__ = ["LAYOUT", "ATTENTION", "ring_attention_forward", "use_ring_attention", "positions", "shard_batch", "mesh_4d"]
+__all__ = ["LAYOUT", "ATTENTION", "ring_attention_forward", "use_ring_attention", "positions", "shard_batch"]
 
 LAYOUT = "zigzag"  # 2 cp chunks of every sequence: rank r holds r and 2cp-1-r (lesson 14)
 ATTENTION = "course_ring"  # the name our attention function is registered under in Hugging Face's interface
@@ -55,18 +55,3 @@ def positions(cp_rank, cp, seq_len):
 def shard_batch(x, y, cp_rank, cp):
     """This cp rank's tokens of the (b, s) inputs and targets (the zig-zag chunks, along the sequence)."""
     return tuple(shard(t, cp_rank, cp, LAYOUT, dim=1) for t in (x, y)) if cp > 1 else (x, y)
-
-
-def mesh_4d(world_size, cp=2):
-    """A (dp, pp, cp, tp) mesh with this cp that fits the capstone (the most tp, then pp), and the reasons the
-    others do not: ``(mesh or None, [reason, ...])``."""
-    from .mesh3d import check_mesh, meshes
-    from .parallelize3d import SEQ, SIZES, microbatches
-    reasons = []
-    for dp, pp, tp in sorted(meshes(world_size // cp), key=lambda m: (-m[2], -m[1])) if world_size % cp == 0 else []:
-        try:
-            check_mesh(dp, pp, tp, world_size=world_size, microbatches=microbatches(pp), cp=cp, seq=SEQ, **SIZES)
-            return (dp, pp, cp, tp), reasons
-        except ValueError as err:
-            reasons.append(f"(dp, pp, tp) = {(dp, pp, tp)}: {err}")
-    return None, reasons or [f"{world_size} ranks do not split into cp = {cp} and the rest"]

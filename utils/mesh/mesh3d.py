@@ -1,11 +1,11 @@
-"""3-D parallelism bookkeeping: which meshes fit a model, and what each mesh dimension costs (notebook 09).
+"""3-D parallelism bookkeeping: the meshes of a world size, and what each mesh dimension costs (notebook 09).
 
 Lesson 09 trains one transformer on a ``DeviceMesh`` with three named dimensions, ``("dp", "pp", "tp")``,
 and puts its measurements beside the formulas of lessons 02-06. The plumbing lives here so the
 lesson can show the parallelism itself:
 
-- ``check_mesh(dp, pp, tp, ...)`` refuses at once, with the numbers, a mesh that does not divide the
-  model (heads, layers, batch), and ``meshes(world_size)`` lists the factorisations of a size.
+- ``meshes(world_size)`` lists the factorisations of a size (the planner's ``check_plan`` says which fit the model:
+  ``plan3d``).
 - ``MeshCommLedger``: every collective and point-to-point message a rank runs, *attributed to a mesh
   dimension by its process group*. ``utils.CommLedger`` (lesson 01) wraps ``torch.distributed``'s
   Python functions, so it does not see DTensor's functional collectives (lesson 04b); this ledger is
@@ -26,7 +26,7 @@ from ..comm.ledger import RING_WIRE_FACTOR
 from ..comm.ledger import tensor_bytes as _bytes  # bytes of a tensor or of a list of them, as CommLedger counts
 from ..sharding.memory import state_bytes
 
-__all__ = ["check_mesh", "meshes", "MeshCommLedger", "model_state_bytes"]
+__all__ = ["meshes", "MeshCommLedger", "model_state_bytes"]
 
 MESH_DIMS = ("dp", "pp", "tp")  # outermost to innermost: tp's ranks are neighbours (the fastest links)
 
@@ -35,34 +35,6 @@ def meshes(world_size):
     """Every (dp, pp, tp) whose product is ``world_size``, dp-major: [(4,1,1), (2,2,1), ...]."""
     return [(d, p, world_size // (d * p)) for d in range(world_size, 0, -1) for p in range(1, world_size // d + 1)
             if world_size % (d * p) == 0]
-
-
-def check_mesh(dp, pp, tp, *, world_size, heads, kv_heads, layers, batch, microbatches, cp=1, seq=None):
-    """Raise ``ValueError`` at once, naming the numbers, unless the mesh fits the model and the batch.
-
-    tp must divide the query and key/value heads (each rank keeps whole heads), pp the layers (whole
-    layers per stage), and dp x microbatches the global batch (equal slices, so that averaging the
-    ranks' mean losses is the global mean). A fourth dimension, cp (context parallelism, lesson 14), must
-    cut the sequence ``seq`` into 2 cp zig-zag chunks."""
-    if dp * pp * cp * tp != world_size:
-        fourth = f" x cp={cp}" if cp > 1 else ""
-        raise ValueError(f"mesh dp={dp} x pp={pp}{fourth} x tp={tp} = {dp * pp * cp * tp} ranks, but WORLD_SIZE = "
-                         f"{world_size}; pick one of {meshes(world_size // cp) if world_size % cp == 0 else []}"
-                         f"{' (dp, pp, tp) for the other ' + str(world_size // cp) + ' ranks' if cp > 1 else ''}.")
-    if cp > 1:
-        from ..context_parallel.ring import check_sequence
-        check_sequence(seq, cp, "zigzag")
-    for what, size in (("attention heads", heads), ("key/value heads", kv_heads)):
-        if size % tp:
-            raise ValueError(f"{size} {what} are not divisible by tp={tp}: a tensor-parallel rank keeps whole heads; "
-                             f"use tp in {[d for d in range(1, size + 1) if size % d == 0 and kv_heads % d == 0]}.")
-    if layers % pp:
-        raise ValueError(f"{layers} layers are not divisible by pp={pp}: a stage keeps whole layers; "
-                         f"use pp in {[d for d in range(1, layers + 1) if layers % d == 0]}.")
-    if batch % (dp * microbatches):
-        raise ValueError(f"global batch {batch} is not divisible by dp={dp} x {microbatches} micro-batches = "
-                         f"{dp * microbatches}: every rank needs equal micro-batches.")
-    return dp, pp, tp
 
 
 @dataclasses.dataclass

@@ -31,7 +31,7 @@ def timed(fn) -> float:
 def matmul_peak(n: int = 512, repeats: int = 5, dtype=torch.float32) -> float:
     """FLOP/s of this rank: the best of ``repeats`` n x n matmuls (all ranks at the same time when a process group
     is up, so that ranks sharing cores measure their share)."""
-    from .. import rank_device
+    from ..launch import rank_device
     a = torch.randn(n, n, device=rank_device()).to(dtype)
     if dist.is_initialized():
         dist.barrier()
@@ -56,7 +56,7 @@ def bf16_compiled_mfu(layers, hidden, heads, vocab, seq, batch, steps):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from .. import rank_device
+    from ..launch import rank_device
     device = rank_device()
     gpu = device.type == "cuda"
     torch.manual_seed(0)

@@ -10,9 +10,10 @@ there is one copy. Read it in this order:
   stage, norm and head on the last (the *pipeline split*);
 - ``tp_plan``: Megatron's tensor + sequence parallelism for Hugging Face's module names, a plan dict
   keyed by module path, as ``parallelize_module`` takes it;
-- ``build``: the three applied from outside the model, in torchtitan's fixed order
+- ``build``: given a ``utils.planner.Plan`` (``plan3d.mesh_plan``: the sizes, the plan of a mesh), the three
+  applied from outside the model, in torchtitan's fixed order
   (split -> TP -> [activation checkpointing] -> [compile] -> FSDP2); the lesson explains each step;
-- ``train``: GPipe over the stages, the tied weight's gradient summed across first and last stage,
+- ``train``: GPipe (or 1F1B) over the stages, the tied weight's gradient summed across first and last stage,
   every message recorded by ``MeshCommLedger``; ``reference``: one process, the unmodified model.
 """
 
@@ -27,19 +28,13 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..launch import rank_device
-from ..planner.shapes import ModelShape
+from ..planner.shapes import check_plan
 from .context4d import positions, shard_batch, use_ring_attention
-from .mesh3d import MeshCommLedger, check_mesh, model_state_bytes
+from .mesh3d import MeshCommLedger, model_state_bytes
+from .plan3d import BATCH, HEADS, HIDDEN, LAYERS, LR, SEQ, SHAPE, VOCAB, unrunnable
 
-__all__ = ["VOCAB", "HIDDEN", "HEADS", "LAYERS", "SEQ", "BATCH", "LR", "SIZES", "SHAPE", "make_model", "make_batch", "loss_fn",
-           "LlamaStage", "hf_name", "tp_plan", "microbatches", "build", "tied_group", "train", "reference"]
-
-VOCAB, HIDDEN, HEADS, LAYERS, SEQ, BATCH = 32, 32, 4, 4, 16, 8  # BATCH: sequences per global batch
-LR = 1e-2  # Adam learning rate
-SIZES = dict(heads=HEADS, kv_heads=HEADS, layers=LAYERS, batch=BATCH)  # what a mesh must divide (check_mesh)
-SHAPE = ModelShape(layers=LAYERS, hidden=HIDDEN, heads=HEADS, vocab=VOCAB, seq_len=SEQ, ffn_hidden=2 * HIDDEN,
-                   tied_embeddings=True, gated_mlp=True, norm="rmsnorm", biases=False, positions="rope",
-                   dropout=False)  # the model below, as the planner describes a model (lessons 09b and 14, lab 09)
+__all__ = ["VOCAB", "HIDDEN", "HEADS", "LAYERS", "SEQ", "BATCH", "LR", "SHAPE", "make_model", "make_batch", "loss_fn",
+           "LlamaStage", "hf_name", "tp_plan", "build", "tied_group", "train", "reference"]
 
 
 def make_model(seed=0, attn_implementation="sdpa"):
@@ -83,8 +78,8 @@ class LlamaStage(nn.Module):
         self.layers = nn.ModuleDict({str(i): hf.model.layers[i] for i in range(lo, hi)})  # original names
         self.rotary_emb = hf.model.rotary_emb
         self.norm, self.lm_head = (hf.model.norm, hf.lm_head) if last else (None, None)
-        self.checkpoint_layers = False  # build(ac=True) sets it: recompute each block's forward in backward
-        self.positions = None  # build(cp>1) sets it: the global positions of this cp rank's tokens
+        self.checkpoint_layers = False  # build sets it (checkpointing="full"): recompute each block in backward
+        self.positions = None  # build sets it when cp > 1: the global positions of this cp rank's tokens
 
     def forward(self, x):  # first stage: (b, s) token ids; others: (b, s/tp, h) hidden states
         h = self.embed_tokens(x) if self.embed_tokens is not None else x
@@ -136,23 +131,26 @@ def tp_plan(stage):
     return plan
 
 
-def microbatches(pp):
-    """The lesson's default m = p micro-batches: bubble (p-1)/(2p-1); m = 1 without a pipeline."""
-    return pp
+def build(plan, device, lr=LR, compile_backend=None):
+    """On every rank: the mesh, this rank's stage (split -> TP -> AC -> compile -> FSDP), its optimizer, as ``plan``
+    (a ``utils.planner.Plan``, e.g. ``mesh_plan(dp, pp, tp)``) says.
 
-
-def build(dp, pp, tp, device, m=None, lr=LR, ac=False, compile_backend=None, cp=1):
-    """On every rank: the mesh, this rank's stage (split -> TP -> AC -> compile -> FSDP), its optimizer.
-
-    ``ac=True`` checkpoints every block (its activations are recomputed in backward, tp collectives included);
-    ``compile_backend`` ("inductor" on GPUs, "aot_eager" to check the capture quickly on CPUs) compiles
-    every block with ``torch.compile``; both off by default. ``cp > 1`` adds a fourth mesh dimension, context
-    parallelism (``context4d``): the mesh is ("dp", "pp", "cp", "tp") and FSDP2 shards over dp x cp."""
+    The planner's ``check_plan`` refuses a mesh that does not fit the model, with the numbers; ``unrunnable`` a knob
+    this step does not have. ``plan.checkpointing == "full"`` checkpoints every block (its activations are
+    recomputed in backward, tp collectives included); ``compile_backend`` ("inductor" on GPUs, "aot_eager" to check
+    the capture quickly on CPUs) compiles every block with ``torch.compile``; both off by default. ``plan.cp > 1``
+    adds a fourth mesh dimension, context parallelism (``context4d``): the mesh is ("dp", "pp", "cp", "tp") and
+    FSDP2 shards over dp x cp."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
-    m = microbatches(pp) if m is None else m
-    check_mesh(dp, pp, tp, world_size=dist.get_world_size(), microbatches=m, cp=cp, seq=SEQ, **SIZES)
+    check_plan(SHAPE, plan)  # tp divides the heads, pp the layers, cp the sequence: the planner's one check
+    world = dist.get_world_size()
+    why = unrunnable(plan) or (f"its mesh is {plan.world_size} ranks, {world} run it: launch {plan.world_size} or "
+                               f"plan for {world}" if plan.world_size != world else "")
+    if why:
+        raise ValueError(f"{plan}: {why}.")
+    dp, pp, tp, cp = plan.dp, plan.pp, plan.tp, plan.cp
     shape, names = ((dp, pp, cp, tp), ("dp", "pp", "cp", "tp")) if cp > 1 else ((dp, pp, tp), ("dp", "pp", "tp"))
     mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
     s, per = mesh.get_local_rank("pp"), LAYERS // pp
@@ -168,7 +166,7 @@ def build(dp, pp, tp, device, m=None, lr=LR, ac=False, compile_backend=None, cp=
             stage.lm_head.weight = stage.embed_tokens.weight  # re-tie: the plan made two DTensors, both Shard(0)
     # 3. activation checkpointing, per block, around the tensor-parallel block: recomputation replays its
     #    tp collectives too
-    stage.checkpoint_layers = ac
+    stage.checkpoint_layers = plan.checkpointing == "full"
     # 4. torch.compile, per block (in place: names unchanged), after AC so the recomputation is compiled too
     if compile_backend is not None:
         for layer in stage.layers.values():
@@ -184,11 +182,11 @@ def build(dp, pp, tp, device, m=None, lr=LR, ac=False, compile_backend=None, cp=
     return mesh, stage, torch.optim.Adam(stage.parameters(), lr=lr)
 
 
-def tied_group(mesh, dp, pp, tp):
+def tied_group(mesh):
     """The group {first stage, last stage} of this rank's (dp, [cp,] tp) position, or None (every rank creates every
     group, in the same order)."""
     mine = None
-    for line in mesh.mesh.movedim(1, -1).reshape(-1, pp).tolist():  # the ranks along pp, one line per other position
+    for line in mesh.mesh.movedim(1, -1).flatten(0, -2).tolist():  # the ranks along pp, one line per other position
         ranks = [line[0], line[-1]]
         group = dist.new_group(ranks)
         mine = group if dist.get_rank() in ranks else mine
@@ -200,29 +198,26 @@ def _local(t):
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def train(dp, pp, tp, steps, m=None, measure_step=1, lr=LR, ac=False, compile_backend=None, schedule="GPipe", cp=1):
-    """Train ``steps`` steps on a (dp, pp, tp) mesh with GPipe over ``m`` micro-batches (default p); ``cp > 1`` adds
-    context parallelism, a fourth dimension (``build``), and ``cp_rank`` to the result.
-
-    ``schedule``: "GPipe" (the lesson's) or "1F1B" (``Schedule1F1B``, which needs m >= p); one stage per rank.
+def train(plan, steps, measure_step=1, lr=LR, compile_backend=None):
+    """Train ``steps`` steps as ``plan`` says (``build``): its (dp, pp, [cp,] tp) mesh, its m micro-batches through
+    ``plan.schedule``, "GPipe" (the lesson's) or "1F1B" (``Schedule1F1B``, which needs m >= p), one stage per rank.
 
     Returns this rank's dict: ``coords`` (d, s, t), ``losses``, ``grads`` of step 0 under Hugging Face's
     names (gathered over dp and tp), ``comm`` (the ``MeshCommLedger`` summary of ``measure_step``),
     ``seconds`` of that step, ``memory`` (``model_state_bytes``), ``tensors`` (parameter tensors of the
-    stage) and ``tp_sharded`` (which parameters tp shards). ``ac`` and ``compile_backend``: as in ``build``."""
+    stage), ``tp_sharded`` (which parameters tp shards), ``m`` and ``cp_rank``. ``compile_backend``: as in
+    ``build``."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-    schedules = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
-    if schedule not in schedules:
-        raise ValueError(f"schedule={schedule!r}: use one of {sorted(schedules)} (one stage per rank).")
     from torch.distributed.tensor import DTensor
     warnings.filterwarnings("ignore", category=UserWarning)  # FSDP2's note about views (we do no in-place op on them)
     device = rank_device()
-    m = microbatches(pp) if m is None else m
-    mesh, stage, opt = build(dp, pp, tp, device, m, lr, ac=ac, compile_backend=compile_backend, cp=cp)
+    mesh, stage, opt = build(plan, device, lr, compile_backend)
+    dp, pp, tp, cp, m = plan.dp, plan.pp, plan.tp, plan.cp, plan.microbatches
     d, s, c = mesh.get_local_rank("dp"), mesh.get_local_rank("pp"), mesh.get_local_rank("cp") if cp > 1 else 0
-    tied = tied_group(mesh, dp, pp, tp) if pp > 1 else None
+    tied = tied_group(mesh) if pp > 1 else None
     rows = BATCH // dp
-    schedule = schedules[schedule](PipelineStage(stage, s, pp, device, group=mesh["pp"].get_group()),
+    schedules = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}  # Plan allows these two
+    schedule = schedules[plan.schedule](PipelineStage(stage, s, pp, device, group=mesh["pp"].get_group()),
                                    n_microbatches=m, loss_fn=loss_fn)
     extra = {"tied": tied} if tied is not None else {}
     if cp > 1 and dp > 1:  # FSDP2's group: dp x cp flattened (build); with dp = 1 it is the cp group itself
