@@ -8,6 +8,7 @@ bad answers are lab 06 answers; lab 03's make_buckets part shows a multi-part la
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -76,11 +77,11 @@ def _submit(folder, learner, source):
 
 
 def test_output_is_kept_head_and_tail():
-    import io
+    """An answer's output as run_answer keeps it (``utils.launch.run_child`` with a ``limit``, here 100 bytes)."""
+    from utils.launch import run_child
 
-    kept = grader._Kept(100)
-    kept.read(io.BufferedReader(io.BytesIO(b"a" * 60 + b"b" * 10_000 + b"c" * 60)))
-    text = kept.text()
+    prints = "import sys; sys.stdout.write('a' * 60 + 'b' * 10_000 + 'c' * 60)"
+    text = run_child([sys.executable, "-c", prints], 60, limit=100).output
     assert text.startswith("a" * 50) and text.endswith("c" * 50) and "10,020 bytes of output left out" in text
     assert len(text) < 200
 

@@ -14,23 +14,22 @@ starts ``torchrun``:
 
 ``launch`` runs any command this way, not only ``torchrun`` (lesson 08 runs its Lightning script with it, lesson
 13b its TensorFlow workers), and
-``run_agents`` is the runner under it: start, stream, wait with a timeout, stop the whole tree.
+``run_agents`` is the runner under it: start, stream, wait with a timeout, stop the whole tree, each step done by
+``utils.launch.children`` (the course's one home for child processes, which the grader and the test suite use too).
 """
 
 import json
 import os
-import queue
 import re
-import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
+from ..launch.children import run_children
+
 __all__ = ["ROOT", "SCRIPTS", "init_from_env", "free_port", "free_ports", "torchrun_command", "run_agents", "launch", "run_script",
-           "run_two_agents", "RESULT", "print_result", "parse_result", "parse_losses", "finish", "TorchrunFailed", "kill_tree"]
+           "run_two_agents", "RESULT", "print_result", "parse_result", "parse_losses", "finish", "TorchrunFailed"]
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (utils/scale_out/torchrun.py)
 SCRIPTS = ROOT / "notebooks" / "scripts"
@@ -137,48 +136,9 @@ def run_agents(commands, timeout, env=None, progress=True, until=None):
     if len(envs) != len(commands):
         raise ValueError(f"{len(envs)} environments for {len(commands)} commands: give one dict per command, "
                          "or one dict for all")
-    start = time.perf_counter()
-    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                              env=_env(e), start_new_session=True) for c, e in zip(commands, envs)]
-    lines, shown = [[] for _ in procs], queue.Queue()
-    readers = [threading.Thread(target=_read, args=(proc.stdout, lines[i], shown, i), daemon=True)
-               for i, proc in enumerate(procs)]
-    for reader in readers:
-        reader.start()
-    stopped, alive = None, [True] * len(procs)
-
-    def show(wait):
-        try:
-            i, line = shown.get(timeout=wait)
-        except queue.Empty:
-            return
-        if progress and PROGRESS.match(line):
-            print((f"[agent {i}] " if len(procs) > 1 else "") + line, end="", flush=True)
-
-    try:
-        while any(proc.poll() is None for proc in procs):
-            failed = [proc.returncode for proc in procs if proc.poll()]
-            if failed:  # one agent failed: the others would wait for it until their own timeouts
-                stopped = f"exit code {failed[0]}"
-                break
-            if time.perf_counter() - start > timeout:
-                stopped = f"timed out after {timeout} s"
-                break
-            if until is not None and until("".join(line for out in lines for line in list(out))):
-                stopped = "until"
-                break
-            show(0.2)
-    finally:
-        alive = [proc.poll() is None for proc in procs]
-        kill_tree(procs)
-    for reader in readers:
-        reader.join(timeout=30)  # the pipe ends when the agent and every worker are gone
-    while not shown.empty():
-        show(0)
-    for proc in procs:
-        proc.wait()
-    codes = [None if was_alive else proc.returncode for proc, was_alive in zip(procs, alive)]
-    return codes, ["".join(out) for out in lines], time.perf_counter() - start, stopped
+    done = run_children(commands, timeout, env=[_env(e) for e in envs], cwd=ROOT, until=until,
+                        echo=PROGRESS.match if progress else False, prefix="[agent {i}] " if len(commands) > 1 else "")
+    return [d.code for d in done], [d.output for d in done], done[0].seconds, done[0].stopped
 
 
 def launch(commands, timeout, env=None, progress=True):
@@ -196,45 +156,11 @@ def launch(commands, timeout, env=None, progress=True):
     return outputs, seconds
 
 
-def _read(stream, into, shown, agent):
-    """Collect one agent's output line by line, and hand each line to ``launch`` for ``progress``."""
-    for line in stream:
-        into.append(line)
-        shown.put((agent, line))
-
-
 def _errors(outputs):
     """The ranks' exception lines ("[rank0]: ValueError: ..."): torchrun's own summary, at the end, hides them."""
     found = dict.fromkeys(line.strip() for o in outputs for line in o.splitlines()
                           if re.search(r"\b\w*(Error|Exception|Failed)\w*: ", line) and "elastic" not in line)
     return "The ranks raised:\n" + "\n".join(list(found)[:6]) + "\n" if found else ""
-
-
-def kill_tree(procs):
-    """Kill each agent (a ``Popen`` started with ``start_new_session=True``) and everything under it.
-
-    torchrun starts each worker in a session of its own, so killing the agent's process group alone would
-    leave the workers running, holding the agent's stdout open: ``communicate()`` would then wait for them
-    forever. An agent that already exited may have left members of its group behind (a child it did not
-    wait for): they are killed too. The workshop's grader (``utils.workshop.grade``) stops answers with it."""
-    import psutil
-
-    for proc in procs:
-        family = []
-        if proc.poll() is None:
-            try:
-                family = psutil.Process(proc.pid).children(recursive=True)
-            except psutil.NoSuchProcess:
-                pass
-        for p in family:  # the workers (and theirs), whatever session they are in
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the agent leads its own group (or led it, and left members)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 RESULT = "RESULT "  # the one line a course script's rank 0 prints at the end: JSON, its losses as float.hex strings
