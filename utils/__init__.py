@@ -3,7 +3,9 @@
 Each module holds one idea and names the notebook that derives it; each folder's ``__init__`` lists its modules.
 
 - ``utils.launch``: ``run_ranks`` and the ``%%ranks N`` magic, the launcher behind every multi-rank cell: a package
-  whose files each run in one process (kernel, rank server, rank) (notebook 00).
+  whose files each run in one process (kernel, rank server, rank) (notebook 00); ``children`` (a command run with
+  a timeout, its whole tree killed) and ``scripts`` (a lesson script under ``torchrun`` from a notebook or a test,
+  ``run_script``; notebook 10).
 - ``utils.hardware``: what this machine has, said out loud (notebook 00).
 - ``utils.torch_versions``: the torch releases the course runs on (``make setup SYSTEM_TORCH=1``, ``make preflight``).
 - ``utils.models``: ``ToyNet``, the course model with a frozen parameter, a buffer and a tied weight (notebook 02a).
@@ -35,7 +37,7 @@ Each module holds one idea and names the notebook that derives it; each folder's
   the capstone's layers, the bytes kept and the FLOPs spent (notebook 09c).
 - ``utils.planner`` (``shapes``, ``costs``, ``estimate``): memory per rank, bytes per mesh dimension, bubble, step
   time and MFU of a 3-D plan, validated against lesson 09's measurements and published figures (notebook 09, lab 09).
-- ``utils.scale_out``: ``torchrun`` (a lesson script under torchrun from a notebook; notebook 10) and ``resume``
+- ``utils.scale_out``: ``torchrun`` (inside a lesson script under torchrun: join, report, leave; notebook 10) and ``resume``
   (kill and resume bit for bit; notebook 11a).
 - ``utils.fx``: ``tiny_gpt`` (the small GPT lesson 12 traces), ``cost`` (a cost model read off a ``torch.fx`` graph,
   the balanced pipeline split; notebook 12a) and ``passes`` (Megatron's MLP split as a graph rewrite; notebook 12b).

@@ -106,7 +106,7 @@ def fsdp_reference(steps, hidden=512, lr=FSDP_LR, size=FSDP_BATCH):
 
 
 def say_step(step, steps, loss):
-    """Rank 0's progress line after each step, which ``utils.scale_out.torchrun.launch`` shows in the notebook as it comes."""
+    """Rank 0's progress line after each step, which ``utils.launch.scripts.launch`` shows in the notebook as it comes."""
     if dist.get_rank() == 0:
         print(f"step {step + 1}/{steps}: loss {loss:.6f}", flush=True)
 

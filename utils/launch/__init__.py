@@ -21,6 +21,8 @@ file                  runs in      does
 ``children.py``       any parent   a command in a session of its own: output read by a thread, a
                                    timeout, its whole process tree killed (torchrun's agents, the
                                    grader's answers, the test suite's notebooks)
+``scripts.py``        any parent   a lesson script under ``torchrun`` (``run_script``, ``launch``):
+                                   its command line, a timeout, its ``RESULT`` line read back
 ====================  ===========  ==================================================================
 
 Read them in that order. What the package offers the rest of the course is listed in ``__all__``.

@@ -44,7 +44,7 @@ from pathlib import Path
 from ..checkers.labs import LABS
 from ..hardware import usable_cores
 from ..launch import run_child
-from ..scale_out.torchrun import ROOT
+from ..launch.scripts import ROOT
 
 __all__ = ["VERDICTS", "Answer", "Verdict", "find_submissions", "lab_world_size", "default_workers",
            "run_answer", "grade", "main"]
