@@ -111,16 +111,18 @@ class PeakMemory:
         return self.peak
 
 
-def execute(path, out_dir, parameters=None, timeout=None, peaks=None):
+def execute(path, out_dir, parameters=None, timeout=None, peaks=None, cwd=None):
     """Run one notebook; return (ok, seconds, log). A notebook past its timeout is killed, kernel and ranks too.
 
     ``peaks``: a dict that receives the notebook's peak resident memory (bytes, ``PeakMemory``) under its
-    ``<folder>/<name>`` key."""
-    path = Path(path)
-    out = Path(out_dir) / path.parent.name / path.name
+    ``<folder>/<name>`` key. ``cwd``: the working folder of papermill and of the notebook's kernel (None: the
+    notebook's own folder, as Jupyter's)."""
+    path = Path(path).absolute()
+    out = (Path(out_dir) / path.parent.name / path.name).absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
+    cwd = Path(cwd or path.parent).absolute()
     timeout = timeout or notebook_timeout(path)
-    cmd = [sys.executable, "-m", "papermill", str(path), str(out), "--cwd", str(path.parent),
+    cmd = [sys.executable, "-m", "papermill", str(path), str(out), "--cwd", str(cwd),
            "--kernel", "python3", "--no-progress-bar", "--log-level", "WARNING"]
     for name, value in (parameters or {}).items():
         cmd += ["-p", name, str(value)]
@@ -129,7 +131,7 @@ def execute(path, out_dir, parameters=None, timeout=None, peaks=None):
 
     start = time.perf_counter()
     for attempt in (1, 2):
-        child = start_child(cmd, env=kernel_env())
+        child = start_child(cmd, env=kernel_env(), cwd=cwd)
         memory = PeakMemory(child.pid) if peaks is not None else None
         done = child.wait(timeout)
         ok, log = done.code == 0, done.output
