@@ -25,7 +25,8 @@ file                  runs in      does
                                    its command line, a timeout, its ``RESULT`` line read back
 ====================  ===========  ==================================================================
 
-Read them in that order. What the package offers the rest of the course is listed in ``__all__``.
+Read them in that order. What the package offers the rest of the course is listed in ``__all__``; ``report``
+and ``scripts`` are imported by their names (``from utils.launch.scripts import run_script``).
 """
 
 from .children import ChildResult, kill_tree, run_child, run_children, start_child
