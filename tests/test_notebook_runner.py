@@ -1,4 +1,4 @@
-"""tests/notebook_runner.py's tools: the peak memory of a process tree, a notebook's copy to run alone, its working folder."""
+"""tests/notebook_runner.py's tools: a process tree's peak memory, a notebook's copy to run alone, its working folder."""
 
 import os
 import subprocess
