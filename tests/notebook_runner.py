@@ -1,4 +1,4 @@
-"""Execute notebooks headless with papermill, each in its own process group, and time them.
+"""Execute notebooks headless with papermill, each in its own process group (``utils.launch.children``), and time them.
 
 Used by the test suite (small parameters, see tests/test_notebooks.py) and by ``make course``
 (each notebook's own parameters). Executed copies go to ``build/``, which git ignores.
@@ -9,7 +9,6 @@ Used by the test suite (small parameters, see tests/test_notebooks.py) and by ``
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -112,32 +111,31 @@ class PeakMemory:
         return self.peak
 
 
-def execute(path, out_dir, parameters=None, timeout=None, peaks=None):
+def execute(path, out_dir, parameters=None, timeout=None, peaks=None, cwd=None):
     """Run one notebook; return (ok, seconds, log). A notebook past its timeout is killed, kernel and ranks too.
 
     ``peaks``: a dict that receives the notebook's peak resident memory (bytes, ``PeakMemory``) under its
-    ``<folder>/<name>`` key."""
-    path = Path(path)
-    out = Path(out_dir) / path.parent.name / path.name
+    ``<folder>/<name>`` key. ``cwd``: the working folder of papermill and of the notebook's kernel (None: the
+    notebook's own folder, as Jupyter's)."""
+    path = Path(path).absolute()
+    out = (Path(out_dir) / path.parent.name / path.name).absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
+    cwd = Path(cwd or path.parent).absolute()
     timeout = timeout or notebook_timeout(path)
-    cmd = [sys.executable, "-m", "papermill", str(path), str(out), "--cwd", str(path.parent),
+    cmd = [sys.executable, "-m", "papermill", str(path), str(out), "--cwd", str(cwd),
            "--kernel", "python3", "--no-progress-bar", "--log-level", "WARNING"]
     for name, value in (parameters or {}).items():
         cmd += ["-p", name, str(value)]
+    # Here, not at the top: `import utils` imports torch, which the runner's other tools (and conftest) do without.
+    from utils.launch import start_child  # papermill's tree killed on a timeout, the kernel (its own session) too
+
     start = time.perf_counter()
     for attempt in (1, 2):
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=kernel_env(), start_new_session=True)
-        memory = PeakMemory(proc.pid) if peaks is not None else None
-        try:
-            log, _ = proc.communicate(timeout=timeout)
-            ok = proc.returncode == 0
-        except subprocess.TimeoutExpired:
-            for child in psutil.Process(proc.pid).children(recursive=True):  # the kernel has its own session
-                child.kill()
-            os.killpg(proc.pid, signal.SIGKILL)
-            log, _ = proc.communicate()
+        child = start_child(cmd, env=kernel_env(), cwd=cwd)
+        memory = PeakMemory(child.pid) if peaks is not None else None
+        done = child.wait(timeout)
+        ok, log = done.code == 0, done.output
+        if done.timed_out:
             ok, log = False, f"{log}\nKILLED: {path.name} did not finish within its {timeout} s timeout."
         if memory is not None:
             peaks[f"{path.parent.name}/{path.name}"] = memory.stop()

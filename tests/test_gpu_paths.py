@@ -21,7 +21,7 @@ import deepspeed.accelerator  # noqa: E402
 import deepspeed.ops  # noqa: E402
 
 from utils.deepspeed import cpu as deepspeed_cpu  # noqa: E402
-from utils.scale_out.torchrun import parse_losses  # noqa: E402
+from utils.launch.scripts import parse_losses  # noqa: E402
 
 CUDA_LIKE_OPS = {"async_io": False, "fused_adam": True, "cpu_adam": True, "fused_lamb": True,
                  "transformer_inference": True, "deepspeed_not_implemented": False}  # no shm op on CUDA

@@ -1,8 +1,10 @@
-"""tests/notebook_runner.py's measuring tools: the peak memory of a process tree, a notebook's copy to run alone."""
+"""tests/notebook_runner.py's tools: a process tree's peak memory, a notebook's copy to run alone, its working folder."""
 
+import os
 import subprocess
 import sys
 
+import pytest
 from notebook_runner import ROOT, PeakMemory, alone_copy
 
 
@@ -33,3 +35,20 @@ def test_only_a_kernel_port_clash_is_run_again():
     assert kernel_port_clash(clash)
     assert not kernel_port_clash("AssertionError: the bubble is 0.31, not 0.25")
     assert not kernel_port_clash("OSError: [Errno 98] Address already in use")  # a notebook's own server: its failure
+
+
+@pytest.mark.slow
+def test_the_notebooks_working_folder_is_a_parameter(tmp_path):
+    """``execute`` runs papermill and the kernel in the notebook's folder, or in ``cwd`` when given."""
+    import nbformat
+
+    from notebook_runner import execute
+
+    (tmp_path / "nb").mkdir(), (tmp_path / "elsewhere").mkdir()
+    notebook = tmp_path / "nb" / "where.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "import os\nopen('where.txt', 'w').write(os.getcwd())")]), str(notebook))
+    for cwd, folder in ((None, tmp_path / "nb"), (tmp_path / "elsewhere", tmp_path / "elsewhere")):
+        ok, _, log = execute(notebook, tmp_path / "out", timeout=120, cwd=cwd)
+        assert ok, log[-2000:]
+        assert os.path.samefile((folder / "where.txt").read_text(), folder)

@@ -1,4 +1,4 @@
-"""The lesson scripts under torchrun, and ``utils.scale_out.torchrun``'s launcher: losses, errors, timeouts.
+"""The lesson scripts under torchrun, and their launcher ``utils.launch.scripts``: losses, errors, timeouts.
 
 That each script reproduces its lesson is checked where the lesson is: lessons 02, 04, 05 and 06 run their
 script under torchrun against their own cells, lesson 10 runs the capstone's (09) against one process. Here:
@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from utils.datasets import batch
+from utils.launch.scripts import (ROOT, TorchrunFailed, launch, parse_losses, parse_result, run_agents, run_script,
+                                  torchrun_command)
 from utils.models import make_optimizer
-from utils.scale_out.torchrun import (TorchrunFailed, launch, parse_losses, parse_result, print_result, run_agents, run_script,
-                            torchrun_command)
+from utils.scale_out.torchrun import print_result
 
 TOL = dict(rtol=1e-5, atol=1e-5)  # float32 sums in another order than one process's
 STEPS = 3
@@ -79,6 +80,15 @@ def test_launch_gives_each_command_its_own_environment():
         launch([show, show], 60, env=[{"TF_CONFIG": "worker 0"}])
 
 
+def test_the_agents_working_folder_is_a_parameter(tmp_path):
+    """The repository unless the caller gives another folder (``cwd``, passed on to ``utils.launch.children``)."""
+    where = [sys.executable, "-c", "import os; print(os.getcwd())"]
+    (default,), _ = launch([where], 60, progress=False)
+    (given,), _ = launch([where], 60, progress=False, cwd=tmp_path)
+    assert os.path.realpath(default.strip()) == os.path.realpath(ROOT), default
+    assert os.path.realpath(given.strip()) == os.path.realpath(tmp_path), given
+
+
 def test_losses_round_trip_exactly(capsys):
     values = [2.302585092994046, 1 / 3, 1e-30]
     print_result(values, world_size=2, note="any field")
@@ -111,7 +121,7 @@ def test_every_script_that_joins_a_group_leaves_through_finish():
     """A rank that returns normally can abort in Python's teardown (``utils.scale_out.torchrun.finish`` says why), and
     torchrun then reports a failed run after correct results. Lightning's script is left to Lightning, whose
     launcher starts the other ranks and tears the group down itself."""
-    from utils.scale_out.torchrun import SCRIPTS
+    from utils.launch.scripts import SCRIPTS
     joins = [p for p in sorted(SCRIPTS.glob("*.py")) if "init_from_env(" in p.read_text()
              or "init_process_group(" in p.read_text()]
     assert len(joins) >= 6, [p.name for p in joins]  # 02, 04, 06, 07, 09, 11 (05 runs 09's main)

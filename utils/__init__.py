@@ -5,7 +5,9 @@ this map names every folder and every module (a test holds both to it).
 
 - ``utils.launch``: ``run_ranks`` and the ``%%ranks N`` magic, the launcher behind every multi-rank cell: a package
   whose files each run in one process: ``plan``, ``kernel``, ``server_handle``, ``errors``, ``report`` and ``magic``
-  in the kernel, ``server`` in the rank server, ``rank`` in each rank (notebook 00).
+  in the kernel, ``server`` in the rank server, ``rank`` in each rank (notebook 00); ``children`` (a command run
+  with a timeout, its whole tree killed) and ``scripts`` (a lesson script under ``torchrun`` from a notebook or a
+  test, ``run_script``; notebook 10).
 - ``utils.hardware``: what this machine has, said out loud (notebook 00).
 - ``utils.torch_versions``: the torch releases the course runs on (``make setup SYSTEM_TORCH=1``, ``make preflight``).
 - ``utils.models``: ``ToyNet``, the course model with a frozen parameter, a buffer and a tied weight, ``make_model``
@@ -45,7 +47,8 @@ this map names every folder and every module (a test holds both to it).
 - ``utils.planner`` (``shapes``, ``costs``, ``cp_ep``, ``estimate``): memory per rank, bytes per mesh dimension,
   bubble, step time and MFU of a 3-D plan, validated against lesson 09's measurements and published figures (notebook
   09, lab 09).
-- ``utils.scale_out``: ``torchrun`` (a lesson script under torchrun from a notebook; notebook 10) and ``resume``
+- ``utils.scale_out``: ``torchrun`` (inside a lesson script under torchrun: join, report, leave; notebook 10) and
+  ``resume``
   (kill and resume bit for bit; notebook 11a).
 - ``utils.fx``: ``tiny_gpt`` (the small GPT lesson 12 traces), ``cost`` (a cost model read off a ``torch.fx`` graph,
   the balanced pipeline split; notebook 12a) and ``passes`` (Megatron's MLP split as a graph rewrite; notebook 12b).

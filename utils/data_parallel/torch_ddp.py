@@ -41,7 +41,7 @@ def global_mean(loss):
 
 
 def say_step(step, steps, loss):
-    """Rank 0's progress line after each step, which ``utils.scale_out.torchrun.launch`` shows in the notebook as it
+    """Rank 0's progress line after each step, which ``utils.launch.scripts.launch`` shows in the notebook as it
     comes."""
     if dist.get_rank() == 0:
         print(f"step {step + 1}/{steps}: loss {loss:.6f}", flush=True)

@@ -18,11 +18,18 @@ file                  runs in      does
 ``magic.py``          the kernel   ``%%ranks N``: a cell's code as the function
 ``report.py``         the kernel   a failed launch in one line per rank: the call each waits in
                                    and the program's line that made it (labs 11a and 11b)
+``children.py``       any parent   a command in a session of its own: output read by a thread, a
+                                   timeout, its whole process tree killed (torchrun's agents, the
+                                   grader's answers, the test suite's notebooks)
+``scripts.py``        any parent   a lesson script under ``torchrun`` (``run_script``, ``launch``):
+                                   its command line, a timeout, its ``RESULT`` line read back
 ====================  ===========  ==================================================================
 
-Read them in that order. What the package offers the rest of the course is listed in ``__all__``.
+Read them in that order. What the package offers the rest of the course is listed in ``__all__``; ``report``
+and ``scripts`` are imported by their names (``from utils.launch.scripts import run_script``).
 """
 
+from .children import ChildResult, kill_tree, run_child, run_children, start_child
 from .errors import RankError, RankTimeoutError
 from .kernel import DEFAULT_TIMEOUT, run_ranks
 from .plan import LaunchPlan, RankSetup, plan_launch
@@ -30,4 +37,4 @@ from .rank import rank_device
 from .server_handle import rank_server
 
 __all__ = ["run_ranks", "rank_device", "plan_launch", "LaunchPlan", "RankSetup", "RankError", "RankTimeoutError",
-           "DEFAULT_TIMEOUT", "rank_server"]
+           "DEFAULT_TIMEOUT", "rank_server", "start_child", "run_child", "run_children", "ChildResult", "kill_tree"]

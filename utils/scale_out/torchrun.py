@@ -1,43 +1,24 @@
-"""A lesson script under ``torchrun``, run from a notebook as a subprocess: one agent, or two agents as two nodes.
+"""Inside a lesson script under ``torchrun``: join the process group torchrun describes, report, leave.
 
-Notebook 10 (``notebooks/10_torchrun_and_slurm.ipynb``) derives it; lessons 02, 04 and 06 use it to check their
-scripts, lesson 11 to kill, relaunch and restart one (``run_agents``). Three rules a notebook must keep when it
-starts ``torchrun``:
+Every lesson that trains has a script in ``notebooks/scripts/`` (notebook 10, ``notebooks/10_torchrun_and_slurm.ipynb``,
+derives them); each imports its model and loop from ``utils`` and these three steps from here:
 
-- ``sys.executable -m torch.distributed.run``: the kernel's own Python and torch, whatever ``torchrun`` is on PATH;
-- a timeout on every launch, and on timeout kill the agent and every process under it (killing only the agent
-  leaves its workers holding their ports and its output pipe), then say what each printed;
-- every script's rank 0 ends with one line ``RESULT {json}`` (``print_result``): its per-step losses as ``float.hex``
-  strings, so the notebook reads back the exact floats and can compare them bitwise, and any other field the lesson
-  reads (``parse_result``); and, as it trains, a line ``step k/n ...`` per step, which ``launch`` shows in the
-  notebook as it comes.
+- ``init_from_env``: ``dist.init_process_group`` from the variables torchrun sets (gloo or NCCL, said on rank 0);
+- ``print_result``: rank 0's last line, ``RESULT {json}``, its per-step losses as ``float.hex`` strings, which the
+  notebook reads back exactly (``utils.launch.scripts.parse_result``);
+- ``finish``: destroy the group and leave at once (its docstring says why not simply return).
 
-``launch`` runs any command this way, not only ``torchrun`` (lesson 08 runs its Lightning script with it, lesson
-13b its TensorFlow workers), and
-``run_agents`` is the runner under it: start, stream, wait with a timeout, stop the whole tree.
+The notebook's side, starting the scripts under ``torchrun`` with a timeout and killing the whole tree, is
+``utils.launch.scripts`` (``run_script``, ``launch``): it is used from lesson 02 on, before lesson 10 explains it.
 """
 
 import json
 import os
-import queue
-import re
-import signal
-import socket
-import subprocess
 import sys
-import threading
-import time
-from pathlib import Path
 
-__all__ = ["ROOT", "SCRIPTS", "init_from_env", "free_port", "free_ports", "torchrun_command", "run_agents", "launch", "run_script",
-           "run_two_agents", "RESULT", "print_result", "parse_result", "parse_losses", "finish", "TorchrunFailed", "kill_tree"]
+from ..launch.scripts import RESULT
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository (utils/scale_out/torchrun.py)
-SCRIPTS = ROOT / "notebooks" / "scripts"
-
-
-class TorchrunFailed(RuntimeError):
-    """A torchrun agent exited with an error or ran out of time; the message holds the tail of its output."""
+__all__ = ["init_from_env", "print_result", "finish"]
 
 
 def init_from_env(backend="auto"):
@@ -78,206 +59,8 @@ def finish(code=0):
     os._exit(code)
 
 
-def free_ports(n):
-    """n different TCP ports nobody listens on now (the OS picks them, all bound at once so none comes twice;
-    another program may take one before we use it: rare, and the launch then fails with the port in its error)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def free_port():
-    """A TCP port nobody listens on now (the OS picks it): the rendezvous endpoint of one run."""
-    return free_ports(1)[0]
-
-
-def torchrun_command(script, args=(), nproc=2, nnodes=1, endpoint=None, run_id="course", max_restarts=0):
-    """The command line of one ``torchrun`` agent: ``--standalone`` for one node, else c10d at ``endpoint``."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
-    if nnodes == 1 and endpoint is None:
-        cmd += ["--standalone"]  # a c10d rendezvous on localhost, on a free port torchrun picks itself
-    else:
-        cmd += ["--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id]
-    cmd += ["--max-restarts", str(max_restarts), str(script), *map(str, args)]
-    return cmd
-
-
-def _env(extra=None):
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))  # said, so torchrun does not warn
-    env.pop("MASTER_ADDR", None), env.pop("MASTER_PORT", None)  # a parent's rendezvous must not leak into ours
-    env.update(extra or {})
-    return env
-
-
-PROGRESS = re.compile(r"^step \d+/\d+")  # the progress lines rank 0 of a course script prints, one per step
-
-
-def run_agents(commands, timeout, env=None, progress=True, until=None):
-    """Start every command at once, each in its own session; wait at most ``timeout`` seconds for all.
-
-    Returns (codes, outputs, seconds, stopped) and raises nothing: ``codes[i]`` is agent i's exit code, or None
-    when it was stopped; ``stopped`` says why agents were stopped (``timed out after ...``, ``exit code ...`` of
-    the agent that failed first, or ``until``), None when all ended by themselves. Whatever ends the wait, every
-    process still alive is killed first, workers included, so that nothing is left holding a port or a CPU.
-    ``until``: a function of the output so far (all agents' lines, joined) that stops the launch when it returns
-    true. ``progress``: print each agent's progress lines (``step k/n ...``) as they come, so that a long launch
-    shows it is alive; with several agents each line starts with ``[agent i]``. A thread per agent reads its
-    output (a full pipe would stop the agent); only the calling thread prints, so the lines land in the calling
-    cell. ``env``: extra variables for every agent, or a list of one dict per agent (lesson 13b gives each
-    TensorFlow worker its own ``TF_CONFIG``). Lesson 11 uses it directly (it expects failures); ``launch``
-    raises on them."""
-    if timeout <= 0:
-        raise ValueError(f"timeout={timeout}: give the agents a positive number of seconds, e.g. 300")
-    envs = env if isinstance(env, list) else [env] * len(commands)
-    if len(envs) != len(commands):
-        raise ValueError(f"{len(envs)} environments for {len(commands)} commands: give one dict per command, "
-                         "or one dict for all")
-    start = time.perf_counter()
-    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                              env=_env(e), start_new_session=True) for c, e in zip(commands, envs)]
-    lines, shown = [[] for _ in procs], queue.Queue()
-    readers = [threading.Thread(target=_read, args=(proc.stdout, lines[i], shown, i), daemon=True)
-               for i, proc in enumerate(procs)]
-    for reader in readers:
-        reader.start()
-    stopped, alive = None, [True] * len(procs)
-
-    def show(wait):
-        try:
-            i, line = shown.get(timeout=wait)
-        except queue.Empty:
-            return
-        if progress and PROGRESS.match(line):
-            print((f"[agent {i}] " if len(procs) > 1 else "") + line, end="", flush=True)
-
-    try:
-        while any(proc.poll() is None for proc in procs):
-            failed = [proc.returncode for proc in procs if proc.poll()]
-            if failed:  # one agent failed: the others would wait for it until their own timeouts
-                stopped = f"exit code {failed[0]}"
-                break
-            if time.perf_counter() - start > timeout:
-                stopped = f"timed out after {timeout} s"
-                break
-            if until is not None and until("".join(line for out in lines for line in list(out))):
-                stopped = "until"
-                break
-            show(0.2)
-    finally:
-        alive = [proc.poll() is None for proc in procs]
-        kill_tree(procs)
-    for reader in readers:
-        reader.join(timeout=30)  # the pipe ends when the agent and every worker are gone
-    while not shown.empty():
-        show(0)
-    for proc in procs:
-        proc.wait()
-    codes = [None if was_alive else proc.returncode for proc, was_alive in zip(procs, alive)]
-    return codes, ["".join(out) for out in lines], time.perf_counter() - start, stopped
-
-
-def launch(commands, timeout, env=None, progress=True):
-    """``run_agents``, for runs that must succeed: returns (stdouts, seconds); raises ``TorchrunFailed`` when
-    an agent fails or time runs out (every process still alive killed first), with the ranks' error lines and
-    the agents' last lines."""
-    codes, outputs, seconds, problem = run_agents(commands, timeout, env, progress)
-    if problem is None and any(codes):
-        problem = f"exit code {next(c for c in codes if c)}"
-    if problem:
-        tails = "\n".join(f"--- agent {i}: {' '.join(map(str, commands[i][3:]))}\n" + "\n".join(o.splitlines()[-25:])
-                          for i, o in enumerate(outputs))
-        what = "torchrun" if all("torch.distributed.run" in map(str, c) for c in commands) else "the launch"
-        raise TorchrunFailed(f"{what} {problem} ({seconds:.1f} s). {_errors(outputs)}The agents' last lines:\n{tails}")
-    return outputs, seconds
-
-
-def _read(stream, into, shown, agent):
-    """Collect one agent's output line by line, and hand each line to ``launch`` for ``progress``."""
-    for line in stream:
-        into.append(line)
-        shown.put((agent, line))
-
-
-def _errors(outputs):
-    """The ranks' exception lines ("[rank0]: ValueError: ..."): torchrun's own summary, at the end, hides them."""
-    found = dict.fromkeys(line.strip() for o in outputs for line in o.splitlines()
-                          if re.search(r"\b\w*(Error|Exception|Failed)\w*: ", line) and "elastic" not in line)
-    return "The ranks raised:\n" + "\n".join(list(found)[:6]) + "\n" if found else ""
-
-
-def kill_tree(procs):
-    """Kill each agent (a ``Popen`` started with ``start_new_session=True``) and everything under it.
-
-    torchrun starts each worker in a session of its own, so killing the agent's process group alone would
-    leave the workers running, holding the agent's stdout open: ``communicate()`` would then wait for them
-    forever. An agent that already exited may have left members of its group behind (a child it did not
-    wait for): they are killed too. The workshop's grader (``utils.workshop.grade``) stops answers with it."""
-    import psutil
-
-    for proc in procs:
-        family = []
-        if proc.poll() is None:
-            try:
-                family = psutil.Process(proc.pid).children(recursive=True)
-            except psutil.NoSuchProcess:
-                pass
-        for p in family:  # the workers (and theirs), whatever session they are in
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the agent leads its own group (or led it, and left members)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-RESULT = "RESULT "  # the one line a course script's rank 0 prints at the end: JSON, its losses as float.hex strings
-
-
 def print_result(losses, **fields):
     """What a script's rank 0 prints at the end: its losses, readable, then one ``RESULT {json}`` line with the exact
     losses (``float.hex`` keeps every bit) and any other fields the lesson reads back (numbers, strings, lists)."""
     print("losses:", [round(float(v), 6) for v in losses])
     print(RESULT + json.dumps({"losses": [float(v).hex() for v in losses], **fields}), flush=True)
-
-
-def parse_result(stdout):
-    """The ``RESULT`` line a script printed, as a dict: ``losses`` as the exact floats, the other fields as printed."""
-    lines = [line for line in stdout.splitlines() if line.startswith(RESULT)]
-    if len(lines) != 1:
-        raise TorchrunFailed(f"expected one RESULT line, found {len(lines)}; output ends:\n{stdout[-2000:]}")
-    result = json.loads(lines[0][len(RESULT):])
-    result["losses"] = [float.fromhex(h) for h in result["losses"]]
-    return result
-
-
-def parse_losses(stdout):
-    """The exact per-step losses of the ``RESULT`` line rank 0 printed."""
-    return parse_result(stdout)["losses"]
-
-
-def run_script(script, args=(), nproc=2, timeout=120, env=None):
-    """One agent (one node) with ``nproc`` processes: (losses, seconds, stdout)."""
-    (out,), seconds = launch([torchrun_command(SCRIPTS / script, args, nproc)], timeout, env)
-    return parse_losses(out), seconds, out
-
-
-def run_two_agents(script, args=(), nproc_per_node=1, timeout=120, env=None):
-    """Two agents on this machine, as two nodes meeting at a c10d rendezvous on localhost:<free port>.
-
-    The agent that binds the endpoint first hosts the rendezvous store, the other joins it; together they
-    run 2 x ``nproc_per_node`` processes. Returns (losses, seconds, stdouts)."""
-    endpoint, run_id = f"localhost:{free_port()}", f"course-{os.getpid()}-{time.monotonic_ns()}"
-    commands = [torchrun_command(SCRIPTS / script, args, nproc_per_node, nnodes=2, endpoint=endpoint, run_id=run_id)
-                for _ in range(2)]
-    outs, seconds = launch(commands, timeout, env)
-    printed = [o for o in outs if any(line.startswith(RESULT) for line in o.splitlines())]  # rank 0 lives on whichever agent got node rank 0
-    if len(printed) != 1:
-        raise TorchrunFailed(f"expected rank 0's losses from exactly one agent, got {len(printed)}")
-    return parse_losses(printed[0]), seconds, outs

@@ -17,8 +17,10 @@ that may reach the grader or another learner. So each answer runs
 - in a fresh temporary folder, its working directory, ``HOME`` and ``TMPDIR`` (removed afterwards), with
   files it writes capped at ``FILE_LIMIT`` bytes each (``RLIMIT_FSIZE``);
 - with a wall-clock timeout (``Part.timeout``, or ``--timeout``), after which the process and everything
-  under it is killed (``utils.scale_out.torchrun.kill_tree``, the course's one way to stop a process tree);
+  under it is killed;
 - with its output read as it comes and only the first and last ``OUTPUT_LIMIT / 2`` bytes kept.
+
+All three by ``utils.launch.children`` (``run_child``), the course's one way to run a child and stop its tree.
 
 Its verdict is one of ``VERDICTS``. Answers run on a pool of one worker a core (fewer where memory is short,
 ``default_workers``): an answer spends most of its time starting Python and importing torch, on one core, and
@@ -41,7 +43,8 @@ from pathlib import Path
 
 from ..checkers.labs import LABS
 from ..hardware import usable_cores
-from ..scale_out.torchrun import ROOT, kill_tree
+from ..launch import run_child
+from ..launch.scripts import ROOT
 
 __all__ = ["VERDICTS", "Answer", "Verdict", "find_submissions", "lab_world_size", "default_workers",
            "run_answer", "grade", "main"]
@@ -197,25 +200,6 @@ def _one(argv):
 
 # --- in the grader -----------------------------------------------------------------------------------------------
 
-class _Kept:
-    """A stream read to its end, keeping its first and last ``limit / 2`` bytes and counting the rest."""
-
-    def __init__(self, limit):
-        self.head, self.tail, self.total, self.half = b"", b"", 0, limit // 2
-
-    def read(self, stream):
-        for chunk in iter(lambda: stream.read1(65536), b""):
-            self.total += len(chunk)
-            if len(self.head) < self.half:
-                self.head, chunk = self.head + chunk[:self.half - len(self.head)], chunk[self.half - len(self.head):]
-            self.tail = (self.tail + chunk)[-self.half:]
-
-    def text(self):
-        cut = self.total - len(self.head) - len(self.tail)
-        middle = f"\n[... {cut:,} bytes of output left out ...]\n" if cut > 0 else ""
-        return (self.head + middle.encode() + self.tail).decode(errors="replace")
-
-
 def run_answer(answer, index, world_size, smoke=False, timeout=None):
     """Grade part ``index`` of ``answer`` in a process of its own (see the module's docstring): a Verdict."""
     part = LABS[answer.lab].parts[index]
@@ -229,32 +213,17 @@ def run_answer(answer, index, world_size, smoke=False, timeout=None):
         env.pop("MASTER_ADDR", None), env.pop("MASTER_PORT", None)
         command = [sys.executable, "-m", "utils.workshop.grade", "--one", str(answer.notebook), answer.lab, str(index),
                    str(result), str(world_size), *(["--smoke"] if smoke else [])]
-        start = time.perf_counter()
-        proc = subprocess.Popen(command, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        kept = _Kept(OUTPUT_LIMIT)
-        reader = threading.Thread(target=kept.read, args=(proc.stdout,), daemon=True)
-        reader.start()
-        try:
-            proc.wait(timeout=timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            kill_tree([proc])  # also what the answer left behind when its process ended by itself
-        reader.join(timeout=10)
-        proc.wait()
-        proc.stdout.close()
-        seconds = time.perf_counter() - start
-        verdict = Verdict(answer.learner, answer.lab, part.name, "crash", seconds=round(seconds, 1), output=kept.text())
-        if timed_out:
+        done = run_child(command, timeout, env=env, cwd=work, stdin=subprocess.DEVNULL, limit=OUTPUT_LIMIT, drain=10)
+        verdict = Verdict(answer.learner, answer.lab, part.name, "crash", seconds=round(done.seconds, 1),
+                          output=done.output)
+        if done.timed_out:
             verdict.verdict, verdict.message = "timeout", f"still running after {timeout:g} s; stopped"
             verdict.hint = "your code does not return: look for a loop that never ends, or a wait nobody answers."
         elif result.exists():
             for key, value in json.loads(result.read_text()).items():
                 setattr(verdict, key, value)
         else:
-            code = proc.returncode
+            code = done.code
             how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
             verdict.message = f"the grading process ended without a verdict ({how})"
             verdict.hint = "your code ended the process (os._exit, sys.exit in a rank, a signal): return instead."
