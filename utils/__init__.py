@@ -24,11 +24,14 @@ Each module holds one idea and names the notebook that derives it; each folder's
   by the package) and ``timeline`` (a schedule run on stage ranks, timed, drawn) (notebooks 06a, 06b).
 - ``utils.deepspeed``: DeepSpeed without a compiler (``cpu``), its config checked (``schema``, ``config``), lesson
   07's shared launch pieces (``training``) and the ZeRO optimizer's partitions (``partitions``) (notebooks 07a-07c).
-- ``utils.lightning``: ``toy`` (``LitToy`` and its runs), ``ddp_notebook``, ``speedups``, ``compile_check``,
-  ``gpt_benchmark`` (notebooks 02, 08a, 08b).
-- ``utils.mesh``: ``mesh3d``, ``parallelize3d`` and ``mfu``: the 3-D mesh, the tiny Llama trained on it, its MFU
-  (notebook 09, lab 09); ``context4d``, the capstone with torch's context parallelism as a fourth dimension
-  (notebook 14).
+- ``utils.perf``: timing and MFU, one way for every lesson: ``measure`` (the warm-up / synchronise / time loop,
+  ``best_seconds``, ``one_thread``), ``peaks`` (the data sheets' dense bf16 peaks, one table, and a measured peak),
+  ``mfu``, ``configs`` (a Llama built from the planner's ``ModelShape``) (notebooks 08b, 08d, 09a, 09b).
+- ``utils.lightning``: ``toy`` (``LitToy`` and its runs), ``ddp_notebook``, ``compile_check``, ``gpt_benchmark``
+  (notebooks 02, 08a, 08b).
+- ``utils.mesh``: ``mesh3d``, ``parallelize3d`` and ``mfu``: the 3-D mesh, the tiny Llama trained on it, a bf16
+  compiled Llama's MFU (notebook 09, lab 09); ``context4d``, the capstone with torch's context parallelism as a
+  fourth dimension (notebook 14).
 - ``utils.precision``: ``fp8`` (FP8 formats, scales, delayed scaling, a Float8 linear simulated in fp32) and
   ``fp8_training`` (the recipes in training, torchao's float8 timed on a GPU) (notebook 08d).
 - ``utils.recompute``: activation recomputation run, not only modelled: none, full and selective checkpointing on

@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..launch import rank_device
-from ..planner.shapes import ModelShape
+from ..perf.configs import llama_config, llama_shape
 from .context4d import positions, shard_batch, use_ring_attention
 from .mesh3d import MeshCommLedger, check_mesh, model_state_bytes
 
@@ -37,22 +37,19 @@ __all__ = ["VOCAB", "HIDDEN", "HEADS", "LAYERS", "SEQ", "BATCH", "LR", "SIZES", 
 VOCAB, HIDDEN, HEADS, LAYERS, SEQ, BATCH = 32, 32, 4, 4, 16, 8  # BATCH: sequences per global batch
 LR = 1e-2  # Adam learning rate
 SIZES = dict(heads=HEADS, kv_heads=HEADS, layers=LAYERS, batch=BATCH)  # what a mesh must divide (check_mesh)
-SHAPE = ModelShape(layers=LAYERS, hidden=HIDDEN, heads=HEADS, vocab=VOCAB, seq_len=SEQ, ffn_hidden=2 * HIDDEN,
-                   tied_embeddings=True, gated_mlp=True, norm="rmsnorm", biases=False, positions="rope",
-                   dropout=False)  # the model below, as the planner describes a model (lessons 09b and 14, lab 09)
+SHAPE = llama_shape(LAYERS, HIDDEN, HEADS, VOCAB, SEQ, ffn_hidden=2 * HIDDEN)  # the model below, as the planner
+# describes a model (lessons 09b and 14, lab 09): tied embedding, gated MLP of 2h, RMSNorm, RoPE, no biases
 
 
 def make_model(seed=0, attn_implementation="sdpa"):
-    """The tiny ``LlamaForCausalLM``: 4 layers, hidden 32, 4 heads, vocabulary 32, tied embeddings; no download.
+    """The tiny ``LlamaForCausalLM`` of ``SHAPE``: 4 layers, hidden 32, 4 heads, vocabulary 32, tied embeddings, an
+    MLP of 2h; no download. ``utils.perf.llama_config`` turns the shape into Hugging Face's ``LlamaConfig``.
 
     Every rank calls it with the same seed, builds the same full model, then keeps its part. Lesson 09c also
     builds it with ``attn_implementation="eager"`` (attention as matmul + softmax, its scores kept)."""
-    from transformers import LlamaConfig, LlamaForCausalLM  # heavy import: only when a model is built
+    from transformers import LlamaForCausalLM  # heavy import: only when a model is built
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=LAYERS,
-                         num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=SEQ,
-                         tie_word_embeddings=True, attn_implementation=attn_implementation)  # sdpa: causal when no mask is given
-    return LlamaForCausalLM(config)
+    return LlamaForCausalLM(llama_config(SHAPE, attn_implementation))  # sdpa: causal when no mask is given
 
 
 def make_batch(step):
