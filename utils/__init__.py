@@ -11,8 +11,9 @@ Each module holds one idea and names the notebook that derives it; each folder's
   ``AugmentedDigits``, augmented in pure Python (notebooks 08a and 08b).
 - ``utils.comm``: collectives and what they send: ``ledger`` (``CommLedger``, notebook 01b), ``p2p`` (``sendrecv``, notebook 01a), ``compat``,
   ``subgroup`` (torch's reduce-scatter on some of the ranks, in ``tensor_split``'s chunks; lab 01b).
-- ``utils.data_parallel``: ``scratch`` (lesson 02's DDP from scratch; notebooks 02a and 02b) and ``buckets`` (torch
-  DDP's and DeepSpeed's bucket rules; labs 02 and 03).
+- ``utils.data_parallel``: ``scratch`` (lesson 02's DDP from scratch; notebooks 02a and 02b), ``buckets`` (torch
+  DDP's and DeepSpeed's bucket rules; labs 02 and 03) and ``overlap`` (torch DDP's communication during backward,
+  timed; notebook 02a).
 - ``utils.lesson_training``: the training loops of lessons 02 (DDP), 04 (FSDP2) and 06 (pipeline) as functions their
   ``torchrun`` scripts call, and their one-process ``reference_losses`` (notebooks 02, 04, 06, 10).
 - ``utils.sharding``: what a rank holds and sharding it: ``memory`` (notebook 03; used by 04 and 07), ``adam``,
@@ -26,7 +27,7 @@ Each module holds one idea and names the notebook that derives it; each folder's
   07's shared launch pieces (``training``) and the ZeRO optimizer's partitions (``partitions``) (notebooks 07a-07c).
 - ``utils.perf``: timing and MFU, one way for every lesson: ``measure`` (the warm-up / synchronise / time loop,
   ``best_seconds``, ``one_thread``), ``peaks`` (the data sheets' dense bf16 peaks, one table, and a measured peak),
-  ``mfu``, ``configs`` (a Llama built from the planner's ``ModelShape``) (notebooks 08b, 08d, 09a, 09b).
+  ``mfu``, ``configs`` (a Llama built from the planner's ``ModelShape``) (notebooks 06b, 08b, 08d, 09a, 09b).
 - ``utils.lightning``: ``toy`` (``LitToy`` and its runs), ``ddp_notebook``, ``compile_check``, ``gpt_benchmark``
   (notebooks 02, 08a, 08b).
 - ``utils.mesh``: ``mesh3d``, ``parallelize3d`` and ``mfu``: the 3-D mesh, the tiny Llama trained on it, a bf16
