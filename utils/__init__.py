@@ -27,7 +27,7 @@ Each module holds one idea and names the notebook that derives it; each folder's
   07's shared launch pieces (``training``) and the ZeRO optimizer's partitions (``partitions``) (notebooks 07a-07c).
 - ``utils.perf``: timing and MFU, one way for every lesson: ``measure`` (the warm-up / synchronise / time loop,
   ``best_seconds``, ``one_thread``), ``peaks`` (the data sheets' dense bf16 peaks, one table, and a measured peak),
-  ``mfu``, ``configs`` (a Llama built from the planner's ``ModelShape``) (notebooks 06b, 08b, 08d, 09a, 09b).
+  ``mfu``, ``configs`` (a Llama built from the planner's ``ModelShape``) (notebooks 06b, 07c, 08b, 08d, 09a-09c).
 - ``utils.lightning``: ``toy`` (``LitToy`` and its runs), ``ddp_notebook``, ``compile_check``, ``gpt_benchmark``
   (notebooks 02, 08a, 08b).
 - ``utils.mesh``: ``mesh3d``, ``parallelize3d`` and ``mfu``: the 3-D mesh, the tiny Llama trained on it, a bf16
