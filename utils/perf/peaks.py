@@ -13,10 +13,9 @@ from .measure import measure
 __all__ = ["PEAK_BF16", "table_peak", "matmul_peak", "bf16_peak"]
 
 #: Dense bf16 tensor-core FLOP/s from NVIDIA's data sheets, keyed by a substring of ``torch.cuda.get_device_name()``;
-#: the more specific names first (the first match wins). The data sheets print the figure *with* 2:4 structured
-#: sparsity and a footnote; dense is half of it: H100 SXM and H200 SXM 1,979 -> 989 TFLOP/s, H100 NVL and H200 NVL
-#: 1,671 -> 835, H100 PCIe 1,513 -> 756, A100 (40 and 80 GB, SXM and PCIe) 624 -> 312. ("H200" also matches a GH200,
-#: whose Hopper GPU has the H100 SXM's 989.)
+#: the more specific names first (the first match wins). Hopper's data sheets print the figure *with* 2:4 structured
+#: sparsity (a footnote says so); dense is half of it: H100 SXM and H200 SXM 1,979 -> 989 TFLOP/s, H100 NVL and H200
+#: NVL 1,671 -> 835, H100 PCIe 1,513 -> 756. The A100's prints both: 312 dense, 624 sparse (40 and 80 GB, SXM, PCIe).
 PEAK_BF16 = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H200 NVL": 835e12, "H100": 989e12, "H200": 989e12,
              "A100": 312e12}
 
