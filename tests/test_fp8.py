@@ -7,7 +7,7 @@ from torch import nn
 
 from utils.precision.fp8 import (FORMATS, AmaxHistory, Float8Linear, Recipe, fake_quantize, format_facts, quantize,
                                  scale_for, swap_linears)
-from utils.lightning.speedups import one_thread
+from utils.perf import one_thread
 from utils.precision.fp8_training import fp8_gpu_skip_reason, gradient_error, train_steps
 
 E4, E5 = FORMATS["e4m3"], FORMATS["e5m2"]

@@ -1,38 +1,12 @@
-"""Unit tests of the modules lessons 07 and 08 moved out of their notebooks: utils.lightning.speedups,
-utils.lightning.gpt_benchmark, utils.lightning.compile_check and utils.deepspeed.partitions."""
-
-import time
+"""Unit tests of the modules lessons 07 and 08 moved out of their notebooks: utils.lightning.gpt_benchmark
+(with utils.perf's mfu), utils.lightning.compile_check and utils.deepspeed.partitions."""
 
 import pytest
 import torch
 
-from utils.lightning.gpt_benchmark import GPT, gpt_shape, gpt_tokens_per_second, mfu
+from utils.lightning.gpt_benchmark import GPT, gpt_shape, gpt_tokens_per_second
+from utils.perf import mfu
 from utils.planner import ModelShape, flops_per_token
-from utils.lightning.speedups import best_seconds, one_thread
-
-
-def test_best_seconds_keeps_the_minimum_of_each():
-    calls = {"fast": 0, "slow": 0}
-
-    def fast():
-        calls["fast"] += 1
-
-    def slow():
-        calls["slow"] += 1
-        time.sleep(0.02)
-
-    seconds = best_seconds({"fast": fast, "slow": slow}, repeats=3)
-    assert calls == {"fast": 3, "slow": 3}  # round-robin, each `repeats` times
-    assert seconds["slow"] >= 0.02 > seconds["fast"]
-    with pytest.raises(ValueError, match="repeats"):
-        best_seconds({"fast": fast}, repeats=0)
-
-
-def test_one_thread_restores_the_thread_count():
-    before = torch.get_num_threads()
-    with one_thread():
-        assert torch.get_num_threads() == 1
-    assert torch.get_num_threads() == before
 
 
 def test_gpt_shape_and_mfu_use_the_planners_count():

@@ -19,8 +19,9 @@ this map names every folder and every module (a test holds both to it).
   notebook 01a), ``compat``, ``subgroup`` (torch's reduce-scatter on some of the ranks, in ``tensor_split``'s chunks;
   lab 01b).
 - ``utils.data_parallel``: ``scratch`` (lesson 02's DDP from scratch; notebooks 02a and 02b), ``torch_ddp`` (torch
-  DDP with a Python all-reduce hook, and the loop lesson 02's ``torchrun`` script runs; notebooks 02b and 10) and
-  ``buckets`` (torch DDP's and DeepSpeed's bucket rules; labs 02 and 03).
+  DDP with a Python all-reduce hook, and the loop lesson 02's ``torchrun`` script runs; notebooks 02b and 10),
+  ``buckets`` (torch DDP's and DeepSpeed's bucket rules; labs 02 and 03) and ``overlap`` (torch DDP's communication
+  during backward, timed; notebook 02a).
 - ``utils.sharding``: what a rank holds and sharding it: ``memory`` (notebook 03; used by 04 and 07), ``adam``,
   ``groups`` (lesson 03's ``ZeroDP``, lab 03), ``activation_memory`` (notebook 07c; used by 08b), ``recompute``
   (activation recomputation run, not only modelled: none, full and selective checkpointing on the capstone's layers,
@@ -37,11 +38,14 @@ this map names every folder and every module (a test holds both to it).
   backward split in two, ZB-H1; 06c) (notebooks 06a, 06b).
 - ``utils.deepspeed``: DeepSpeed without a compiler (``cpu``), its config checked (``schema``, ``config``), lesson
   07's shared launch pieces (``training``) and the ZeRO optimizer's partitions (``partitions``) (notebooks 07a-07c).
-- ``utils.lightning``: ``toy`` (``LitToy`` and its runs), ``ddp_notebook``, ``speedups``, ``compile_check``,
-  ``gpt_benchmark`` (notebooks 02, 08a, 08b), ``accumulation``, ``model_parallel`` and ``gpu_strategies`` (08c).
+- ``utils.perf``: timing and MFU, one way for every lesson: ``measure`` (the warm-up / synchronise / time loop,
+  ``best_seconds``, ``one_thread``), ``peaks`` (the data sheets' dense bf16 peaks, one table, and a measured peak),
+  ``mfu``, ``configs`` (a Llama built from the planner's ``ModelShape``) (notebooks 06b, 07c, 08b, 08d, 09a-09c).
+- ``utils.lightning``: ``toy`` (``LitToy`` and its runs), ``ddp_notebook``, ``compile_check``, ``gpt_benchmark``
+  (notebooks 02, 08a, 08b), ``accumulation``, ``model_parallel`` and ``gpu_strategies`` (08c).
 - ``utils.mesh``: ``mesh3d``, ``plan3d``, ``parallelize3d`` and ``mfu``: the 3-D mesh, a run of the tiny Llama as the
-  planner's ``Plan``, the model trained on it, its MFU (notebook 09, lab 09); ``context4d``, the capstone with context
-  parallelism (the course's ring attention) as a fourth dimension (notebook 14).
+  planner's ``Plan``, the model trained on it, a bf16 compiled Llama's MFU (notebook 09, lab 09); ``context4d``, the
+  capstone with context parallelism (the course's ring attention) as a fourth dimension (notebook 14).
 - ``utils.precision``: ``fp8`` (FP8 formats, scales, delayed scaling, a Float8 linear simulated in fp32) and
   ``fp8_training`` (the recipes in training, torchao's float8 timed on a GPU) (notebook 08d).
 - ``utils.planner`` (``shapes``, ``costs``, ``cp_ep``, ``estimate``): memory per rank, bytes per mesh dimension,

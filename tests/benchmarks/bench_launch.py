@@ -15,13 +15,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from utils import describe_machine, run_ranks
+from utils.perf import measure
 
 WORLD_SIZE = 4
 REPEATS = 30
@@ -35,12 +35,10 @@ def trivial():
 
 
 def time_run_ranks():
-    seconds = []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
+    def launch():
         assert run_ranks(trivial, world_size=WORLD_SIZE, verbose=False) == [float(WORLD_SIZE)] * WORLD_SIZE
-        seconds.append(time.perf_counter() - start)
-    return seconds
+
+    return measure(launch, REPEATS, each=True)[0]  # every launch timed alone
 
 
 def time_torchrun():
@@ -48,13 +46,9 @@ def time_torchrun():
     script.write_text("import torch, torch.distributed as dist\n"
                       "dist.init_process_group('gloo'); t = torch.ones(1); dist.all_reduce(t)\n"
                       "dist.destroy_process_group()\n")
-    seconds = []
-    for _ in range(TORCHRUN_REPEATS):
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        f"--nproc-per-node={WORLD_SIZE}", str(script)], check=True, capture_output=True)
-        seconds.append(time.perf_counter() - start)
-    return seconds
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD_SIZE}",
+               str(script)]
+    return measure(lambda: subprocess.run(command, check=True, capture_output=True), TORCHRUN_REPEATS, each=True)[0]
 
 
 def mlp_steps(steps=30):
@@ -62,11 +56,8 @@ def mlp_steps(steps=30):
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024))
     x = torch.randn(256, 1024)
-    net(x).sum().backward()  # warm-up
-    start = time.perf_counter()
-    for _ in range(steps):
-        net(x).sum().backward()
-    return time.perf_counter() - start
+    (seconds,), _ = measure(lambda: net(x).sum().backward(), steps, warmup=1)  # the mean step, after 1 warm-up
+    return seconds * steps
 
 
 def time_threads():

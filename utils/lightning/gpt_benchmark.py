@@ -1,27 +1,24 @@
 """The GPU benchmark of lesson 08 (notebooks/08b_lightning_speedups.ipynb): a plain PyTorch GPT the size of
-GPT-2 small, timed in tokens per second under one precision setting, and its MFU.
+GPT-2 small, timed in tokens per second under one precision setting.
 
-MFU counts model FLOPs per token with the planner's ``utils.planner.flops_per_token`` (6 x the matrix
-parameters + 12 L h s for the attention scores, PaLM's accounting, Chowdhery et al. 2022, appendix B), the
-same count lesson 09 uses, so that the two lessons' MFU figures agree.
+The timing loop, the peak and MFU are ``utils.perf``'s (``measure``, ``bf16_peak``, ``mfu``), the ones lessons 08d
+and 09b use; MFU counts model FLOPs per token with the planner's ``utils.planner.flops_per_token`` (6 x the matrix
+parameters + 12 L h s for the attention scores, PaLM's accounting, Chowdhery et al. 2022, appendix B), the same count
+lesson 09 uses, so that the two lessons' MFU figures agree.
 """
 
 from __future__ import annotations
-
-import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from utils.planner import ModelShape, flops_per_token
+from utils.perf import measure
+from utils.planner import ModelShape
 
-__all__ = ["Block", "GPT", "PEAK_BF16_TFLOPS", "SETTINGS", "gpt_shape", "gpt_tokens_per_second", "mfu",
-           "peak_bf16_flops"]
+__all__ = ["Block", "GPT", "SETTINGS", "gpt_shape", "gpt_tokens_per_second"]
 
 SETTINGS = ("fp32", "tf32", "bf16", "bf16 + compile")
-#: dense bf16 tensor-core peaks from NVIDIA's data sheets, TFLOP/s; the more specific names first
-PEAK_BF16_TFLOPS = {"H100 PCIe": 756, "H100 NVL": 835, "H100": 989, "H200": 989, "A100": 312}
 
 
 class Block(nn.Module):
@@ -67,31 +64,6 @@ def gpt_shape(model: GPT) -> ModelShape:
     return model.shape
 
 
-def mfu(tokens_per_second: float, shape: ModelShape, peak_flops: float) -> float:
-    """Model FLOPs utilisation: the planner's model FLOPs per token (no recompute) x tokens/s over the peak."""
-    if tokens_per_second < 0 or peak_flops <= 0:
-        raise ValueError(f"tokens/s {tokens_per_second} must be >= 0 and the peak {peak_flops} FLOP/s > 0.")
-    return flops_per_token(shape, "none")[0] * tokens_per_second / peak_flops
-
-
-def peak_bf16_flops():
-    """(FLOP/s, where the figure comes from) for CUDA GPU 0: the data sheet if we know the name, else measured
-    with a large bf16 matmul (below the data sheet: on the H100 about 80% of it, so MFU then reads higher)."""
-    name = torch.cuda.get_device_name(0)
-    for key, tflops in PEAK_BF16_TFLOPS.items():
-        if key in name:
-            return tflops * 1e12, f"{name}: {tflops} TFLOP/s dense bf16 (data sheet)"
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    a @ a  # warm-up
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(20):
-        a @ a
-    torch.cuda.synchronize()
-    flops = 20 * 2 * 8192**3 / (time.perf_counter() - start)
-    return flops, f"{name}: {flops / 1e12:.0f} TFLOP/s, measured with a 8192^3 bf16 matmul (not in our table)"
-
-
 def gpt_tokens_per_second(setting, steps, batch=16, seq=1024, warmup=3):
     """Trains a fresh GPT on CUDA for `warmup` and then `steps` timed AdamW steps of `batch` x `seq` random
     tokens in one of SETTINGS; returns tokens per second. Leaves the fp32 matmul precision at torch's default."""
@@ -115,16 +87,10 @@ def gpt_tokens_per_second(setting, steps, batch=16, seq=1024, warmup=3):
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-        for _ in range(warmup):  # allocations, cuBLAS's choice of kernels, and the compilation itself
-            step()
-        torch.cuda.synchronize()  # the GPU runs behind Python: wait for it before and after timing
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
+        # warm-up: allocations, cuBLAS's choice of kernels, the compilation itself; the GPU waited for around the clock
+        (seconds,), _ = measure(step, steps, warmup)
         del model, opt, run
         torch.cuda.empty_cache()
     finally:
         torch.set_float32_matmul_precision("highest")  # torch's default again
-    return batch * seq * steps / seconds
+    return batch * seq / seconds

@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..launch import rank_device
+from ..perf.configs import llama_config
 from ..planner.shapes import check_plan
 from .context4d import positions, shard_batch, use_ring_attention
 from .mesh3d import MeshCommLedger, model_state_bytes
@@ -38,16 +39,14 @@ __all__ = ["VOCAB", "HIDDEN", "HEADS", "LAYERS", "SEQ", "BATCH", "LR", "SHAPE", 
 
 
 def make_model(seed=0, attn_implementation="sdpa"):
-    """The tiny ``LlamaForCausalLM``: 4 layers, hidden 32, 4 heads, vocabulary 32, tied embeddings; no download.
+    """The tiny ``LlamaForCausalLM`` of ``SHAPE``: 4 layers, hidden 32, 4 heads, vocabulary 32, tied embeddings, an
+    MLP of 2h; no download. ``utils.perf.llama_config`` turns the shape into Hugging Face's ``LlamaConfig``.
 
     Every rank calls it with the same seed, builds the same full model, then keeps its part. Lesson 09c also
     builds it with ``attn_implementation="eager"`` (attention as matmul + softmax, its scores kept)."""
-    from transformers import LlamaConfig, LlamaForCausalLM  # heavy import: only when a model is built
+    from transformers import LlamaForCausalLM  # heavy import: only when a model is built
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=LAYERS,
-                         num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=SEQ,
-                         tie_word_embeddings=True, attn_implementation=attn_implementation)  # sdpa: causal when no mask is given
-    return LlamaForCausalLM(config)
+    return LlamaForCausalLM(llama_config(SHAPE, attn_implementation))  # sdpa: causal when no mask is given
 
 
 def make_batch(step):

@@ -9,7 +9,8 @@
 - ``plan_4d(world_size)``: a plan with context parallelism that fits, and why the others do not (lesson 14).
 """
 
-from ..planner.shapes import ModelShape, Plan, check_plan
+from ..perf.configs import llama_shape
+from ..planner.shapes import Plan, check_plan
 from .mesh3d import meshes
 
 __all__ = ["VOCAB", "HIDDEN", "HEADS", "LAYERS", "SEQ", "BATCH", "LR", "SHAPE", "microbatches", "mesh_plan",
@@ -17,9 +18,8 @@ __all__ = ["VOCAB", "HIDDEN", "HEADS", "LAYERS", "SEQ", "BATCH", "LR", "SHAPE", 
 
 VOCAB, HIDDEN, HEADS, LAYERS, SEQ, BATCH = 32, 32, 4, 4, 16, 8  # BATCH: sequences per global batch
 LR = 1e-2  # Adam learning rate
-SHAPE = ModelShape(layers=LAYERS, hidden=HIDDEN, heads=HEADS, vocab=VOCAB, seq_len=SEQ, ffn_hidden=2 * HIDDEN,
-                   tied_embeddings=True, gated_mlp=True, norm="rmsnorm", biases=False, positions="rope",
-                   dropout=False)  # parallelize3d.make_model as the planner describes a model (lessons 09b, 14, lab 09)
+SHAPE = llama_shape(LAYERS, HIDDEN, HEADS, VOCAB, SEQ, ffn_hidden=2 * HIDDEN)  # parallelize3d.make_model as the
+# planner describes a model (lessons 09b and 14, lab 09): tied embedding, gated MLP of 2h, RMSNorm, RoPE, no biases
 
 
 def microbatches(pp):

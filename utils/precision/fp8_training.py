@@ -1,22 +1,23 @@
 """FP8 recipes in training (lesson 08d, ``notebooks/08d_fp8_numerics.ipynb``): the course model trained a few steps
-under each ``Recipe`` of ``utils.precision.fp8`` on CPU, and torchao's float8 training of the capstone's Llama timed on
-a GPU with FP8 tensor cores.
+under each ``Recipe`` of ``utils.precision.fp8`` on CPU, and torchao's float8 training of a Llama timed on a GPU with
+FP8 tensor cores.
 
 ``train_steps`` runs lesson 02's ``ToyNet`` (frozen parameter, buffer, tied weight) on the digits with Adam, its
 ``nn.Linear`` layers swapped for ``Float8Linear`` (none for the fp32 reference); ``gradient_error`` is the relative
 error of all gradients together, ||g - g_ref|| / ||g_ref||. ``fp8_gpu_skip_reason`` says why the GPU part cannot run
-here (or None), and ``torchao_speedup`` times it: the capstone's Llama (``utils.mesh.mfu.llama_shape``) at a size
-where the matmuls dominate, bf16 + ``torch.compile`` against torchao's float8 + ``torch.compile``.
+here (or None), and ``torchao_speedup`` times it: lesson 09b's MFU Llama (``utils.perf.llama_shape``: tied embedding,
+gated MLP of 8h/3, not the capstone's 2h) at a size where the matmuls dominate, bf16 + ``torch.compile`` against
+torchao's float8 + ``torch.compile``, with ``utils.perf``'s timing loop, peak and MFU.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import time
 
 import torch
 import torch.nn.functional as F
 
+from ..perf import llama_config, llama_shape, measure, mfu, table_peak
 from .fp8 import Recipe, swap_linears
 
 __all__ = ["train_steps", "gradient_error", "fp8_gpu_skip_reason", "torchao_speedup"]
@@ -70,6 +71,7 @@ def fp8_gpu_skip_reason():
 
 
 def _tokens_per_second(model, tokens, steps, warmup=3):
+    """Tokens/s of AdamW steps of ``model`` on ``tokens`` (B, T+1), and the last step's loss."""
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
     x, y = tokens[:, :-1], tokens[:, 1:]  # (B, T) each
 
@@ -80,36 +82,26 @@ def _tokens_per_second(model, tokens, steps, warmup=3):
         opt.zero_grad(set_to_none=True)
         return loss
 
-    for _ in range(warmup):  # compilation, cuBLAS's choice of kernels
-        step()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(steps):
-        loss = step()
-    loss = loss.item()  # waits for the GPU
-    return tokens[:, :-1].numel() * steps / (time.perf_counter() - start), loss
+    (seconds,), loss = measure(step, steps, warmup)  # warm-up: compilation, cuBLAS's choice of kernels
+    return x.numel() / seconds, loss.item()
 
 
 def torchao_speedup(layers=4, hidden=4096, heads=32, vocab=32768, seq=2048, batch=4, steps=10, recipe="tensorwise"):
-    """On a CUDA GPU with FP8: the capstone's Llama (tied embedding, gated MLP of 3 x h x 8h/3) in bf16 weights,
+    """On a CUDA GPU with FP8: lesson 09b's MFU Llama (tied embedding, gated MLP of 3 x h x 8h/3) in bf16 weights,
     every linear but the head converted by torchao's ``convert_to_float8_training`` with `recipe` ("tensorwise",
     "rowwise", "rowwise_with_gw_hp"), both compiled; tokens/s of each, the speed-up and MFU against the data
-    sheet's dense bf16 peak (``utils.mesh.mfu.PEAK_BF16``; the dense FP8 peak is twice it)."""
+    sheet's dense bf16 peak (``utils.perf.PEAK_BF16``; the dense FP8 peak is twice it)."""
     if (why := fp8_gpu_skip_reason()) is not None:
         raise RuntimeError(f"torchao's float8 training cannot run here: {why}.")
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    from ..mesh.mfu import PEAK_BF16, llama_shape
-    from ..planner import flops_per_token
-    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=8 * hidden // 3,
-                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-                         max_position_embeddings=seq, tie_word_embeddings=True, attn_implementation="sdpa")
+    shape = llama_shape(layers, hidden, heads, vocab, seq)  # the model timed and the FLOPs counted: one shape
     tokens = torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(0)).cuda()
     rates, losses = {}, {}
     for name in ("bf16", f"float8 {recipe}"):
         torch.manual_seed(0)
-        model = LlamaForCausalLM(config).to("cuda", torch.bfloat16)
+        model = LlamaForCausalLM(llama_config(shape)).to("cuda", torch.bfloat16)
         if name != "bf16":  # torch.nn.Linear -> torchao's Float8Linear; the head stays bf16 (tied to the embedding)
             convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
                                        module_filter_fn=lambda mod, fqn: fqn != "lm_head")
@@ -117,7 +109,6 @@ def torchao_speedup(layers=4, hidden=4096, heads=32, vocab=32768, seq=2048, batc
         del model
         torch.cuda.empty_cache()
     gpu = torch.cuda.get_device_name(0)
-    peak = next((v for k, v in PEAK_BF16.items() if k in gpu), None)
-    flops = flops_per_token(llama_shape(layers, hidden, heads, vocab, seq))[0]
+    peak = table_peak(gpu)  # None for a GPU not in the table: no MFU rather than one against a guess
     return dict(gpu=gpu, tokens_per_s=rates, losses=losses, speedup=rates[f"float8 {recipe}"] / rates["bf16"],
-                mfu={k: flops * r / peak for k, r in rates.items()} if peak else None, peak_bf16=peak)
+                mfu={k: mfu(r, shape, peak) for k, r in rates.items()} if peak else None, peak_bf16=peak)
