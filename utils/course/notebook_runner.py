@@ -3,7 +3,7 @@
 Used by the test suite (small parameters, see tests/test_notebooks.py) and by ``make course``
 (each notebook's own parameters). Executed copies go to ``build/``, which git ignores.
 
-    python tests/notebook_runner.py [NOTEBOOK ...]
+    python -m utils.course.notebook_runner [NOTEBOOK ...]
 """
 
 import json
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build"
 PEAKS = BUILD / "course" / "peak_memory.json"  # notebook -> peak resident bytes of its process tree, by make course
 DEFAULT_TIMEOUT = 600  # seconds per notebook; a notebook may set metadata.course.test_timeout
@@ -189,7 +189,7 @@ def main(argv):
             print(log[-4000:])
         key = f"{path.parent.name}/{path.name}"
         rows.append((key, ok, seconds, peaks[key]))
-        # beside the executed copies: tests/minutes.py --measured build/course copies each peak into run_minutes.json
+        # beside the executed copies; utils.course.minutes --measured build/course copies each into run_minutes.json
         known = json.loads(PEAKS.read_text()) if PEAKS.exists() else {}
         PEAKS.write_text(json.dumps({**known, key: peaks[key]}, indent=1))
     print_table(rows, "make course: every notebook with its own parameters (executed copies in build/course/)")

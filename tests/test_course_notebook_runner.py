@@ -1,9 +1,10 @@
-"""tests/notebook_runner.py's measuring tools: the peak memory of a process tree, a notebook's copy to run alone."""
+"""utils/course/notebook_runner.py's measuring tools: the peak memory of a process tree, a notebook's copy to run
+alone."""
 
 import subprocess
 import sys
 
-from notebook_runner import ROOT, PeakMemory, alone_copy
+from utils.course.notebook_runner import ROOT, PeakMemory, alone_copy
 
 
 def test_peak_memory_counts_the_children():
@@ -26,7 +27,7 @@ def test_alone_copy_holds_the_tracked_files_only(tmp_path):
 
 
 def test_only_a_kernel_port_clash_is_run_again():
-    from notebook_runner import kernel_port_clash
+    from utils.course.notebook_runner import kernel_port_clash
 
     clash = ("zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:34615')\n"
              "RuntimeError: Kernel died before replying to kernel_info")
