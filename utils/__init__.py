@@ -47,16 +47,14 @@ Each module holds one idea and names the notebook that derives it; each folder's
   in one process), ``dispatch`` (experts sharded over ranks, tokens by all-to-all), ``hybrid`` (with data
   parallelism on a 2-D mesh) (notebook 15).
 - ``utils.widgets``: the ipywidgets front ends: ``memory`` (notebook 03), ``pipeline`` (06b), ``planner`` (09).
-- ``utils.checkers``: the labs' checkers, one module per lab named like ``labs/solutions/``, and ``common``
-  (``LabCheckFailed``, ``CheckResult``, ``fail``, tolerances).
-- ``utils.workshop``: a teacher's tools, no lesson's: ``seats`` (cores and GPUs dealt to learners), ``hub``
-  (``make hub``, optional ``[teacher]`` extra), ``slurm`` (the cluster recipe), ``preflight`` (``make preflight``),
-  ``student`` (the release for learners, ``make student``; its tests, ``student_suite``), ``grade`` (``make grade``;
-  a class of submissions to try it on, ``submissions``).
 - ``utils.course``: the maintainers' tools, no lesson's: ``notebook_runner`` (``make course``, and the suite's
   notebooks), ``minutes`` and ``teaching_guide`` (``make minutes``, ``make guide``), ``claims``, ``shown_source``
   and ``changes`` (``make shown``, ``make test-quick``), ``robustness`` (``make robust``), ``torch_suite`` (``make
   test-torch``), ``bench_launch`` (``make bench``); each runs as ``python -m utils.course.NAME``.
+- ``utils.checkers``: the labs' checkers, one module per lab named like ``labs/solutions/``, and ``common``
+  (``LabCheckFailed``, ``CheckResult``, ``fail``, tolerances).
+- ``utils.workshop``: a teacher's tools, no lesson's: ``seats`` (cores and GPUs dealt to learners), ``hub``
+  (``make hub``, optional ``[teacher]`` extra), ``slurm`` (the cluster recipe), ``preflight`` (``make preflight``).
 
 Importing ``utils`` starts nothing, seeds nothing and prints nothing. It sets one environment
 variable, ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` (unless you set it): ``torch.cuda.is_available()``
