@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent))  # tests/ itself: lab_grading, the labs' tests' shared helper
 from utils.course.notebook_runner import ROOT, kernel_env  # noqa: E402
 
 os.environ.update(kernel_env())  # the course's kernel first, for papermill and jupyter_client alike
