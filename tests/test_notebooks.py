@@ -81,7 +81,8 @@ EARLY_CELLS = 4  # a size the lesson cannot use must stop it within its first 4 
 @pytest.fixture(scope="module")
 def early_errors(tmp_path_factory):
     """Every such notebook's first cells at its first unsupported size, all in one Python
-    (utils/course/early_errors.py): the check needs no kernel and no papermill per notebook. Killed, like a notebook, past its timeout."""
+    (utils/course/early_errors.py): the check needs no kernel and no papermill per notebook. Killed, like a
+    notebook, past its timeout."""
     import json
     import subprocess
 
