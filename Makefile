@@ -85,7 +85,7 @@ test: setup
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # The edit loop: the unit tests less those marked slow, and only the notebooks that the change since QUICK_SINCE
-# touches (the notebook, its lab's solution, its scripts, a utils module it imports: tests/changes.py).
+# touches (the notebook, its lab's solution, its scripts, a utils module it imports: utils/course/changes.py).
 QUICK_SINCE ?= HEAD
 .PHONY: test-quick
 test-quick: setup  ## unit tests (not slow) + the notebooks your change touches (since QUICK_SINCE=HEAD; e.g. main)
@@ -93,25 +93,25 @@ test-quick: setup  ## unit tests (not slow) + the notebooks your change touches 
 
 .PHONY: shown
 shown: setup  ## the utils source that lessons print and your change edits, with the lessons (since QUICK_SINCE=HEAD)
-	$(BIN)/python tests/shown_source.py --changed $(QUICK_SINCE)
+	$(BIN)/python -m utils.course.shown_source --changed $(QUICK_SINCE)
 
 course: setup  ## every notebook with its full parameters, into build/course/, then a table
-	$(BIN)/python tests/notebook_runner.py
+	$(BIN)/python -m utils.course.notebook_runner
 
 bench: setup  ## launch-time benchmark of run_ranks (not a test: it only measures)
-	$(BIN)/python tests/benchmarks/bench_launch.py
+	$(BIN)/python -m utils.course.bench_launch
 
 .PHONY: minutes
-minutes: setup  ## each notebook's minutes (reading, code, running, exercises; tests/minutes.py); MINUTES_ARGS=--write stores them
-	$(BIN)/python tests/minutes.py $(MINUTES_ARGS)
+minutes: setup  ## each notebook's minutes (reading, code, running, exercises; utils.course.minutes); MINUTES_ARGS=--write stores them
+	$(BIN)/python -m utils.course.minutes $(MINUTES_ARGS)
 
 .PHONY: test-catch-up
 test-catch-up: setup  ## every notebook run alone, from its own fresh copy of the course: a learner can start anywhere (long)
 	$(BIN)/python -m pytest $(XDIST) -m notebook --alone $(PYTEST_ARGS)
 
 .PHONY: guide
-guide: setup  ## rewrites TEACHING.md, the teacher's guide, from the measured minutes and memory (tests/teaching_guide.py)
-	$(BIN)/python tests/teaching_guide.py
+guide: setup  ## rewrites TEACHING.md, the teacher's guide, from the measured minutes and memory (utils.course.teaching_guide)
+	$(BIN)/python -m utils.course.teaching_guide
 
 .PHONY: test-matrix
 test-matrix: setup  ## every notebook at every WORLD_SIZE from 1 to 6 it supports (metadata.course.world_sizes; long)
@@ -119,19 +119,19 @@ test-matrix: setup  ## every notebook at every WORLD_SIZE from 1 to 6 it support
 
 # Another torch (a new release, before it joins utils/torch_versions.py's range): its own environment (TORCH_VENV,
 # made once, reused), the whole suite there, and build/torch-$(TORCH)/report.md: the notebooks, claim pointers and
-# other tests that broke (tests/torch_suite.py). .venv and `make test` are untouched; needs no `make setup`.
+# other tests that broke (utils/course/torch_suite.py). .venv and `make test` are untouched; needs no `make setup`.
 TORCH ?=
 TORCH_VENV ?= build/torch-$(TORCH)/venv
 
 .PHONY: test-torch
 test-torch:  ## the whole suite on TORCH=2.15.0 in its own environment (TORCH_VENV=dir); report in build/torch-$(TORCH)/
 	@test -n "$(TORCH)" || { echo "make test-torch TORCH=2.15.0: which torch release to run the suite on"; exit 1; }
-	$(PYTHON) tests/torch_suite.py $(TORCH) --venv $(TORCH_VENV) --python $(PYTHON) --workers $(TEST_WORKERS) \
+	$(PYTHON) utils/course/torch_suite.py $(TORCH) --venv $(TORCH_VENV) --python $(PYTHON) --workers $(TEST_WORKERS) \
 	  -- $(PYTEST_ARGS)
 
 .PHONY: robust
 robust: setup  ## one core kept busy: the notebook suite, then each timing-sensitive notebook 5 times (long)
-	$(BIN)/python tests/robustness.py $(ROBUST_ARGS)
+	$(BIN)/python -m utils.course.robustness $(ROBUST_ARGS)
 
 # Gives every cell an id (nbformat 4.5), then writes each notebook as nbstripout does, outputs removed.
 define STRIP_NOTEBOOKS

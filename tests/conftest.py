@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from notebook_runner import kernel_env  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parent))  # tests/ itself: lab_grading, the labs' tests' shared helper
+from utils.course.notebook_runner import ROOT, kernel_env  # noqa: E402
 
 os.environ.update(kernel_env())  # the course's kernel first, for papermill and jupyter_client alike
 
@@ -78,20 +78,20 @@ def pytest_addoption(parser):
     parser.addoption("--alone", action="store_true",
                      help="run each notebook from its own fresh copy of the course's tracked files (no file an "
                           "earlier notebook wrote): shows that a learner can start at any lesson")
-    # `make test-quick`: only the notebooks that the change since REV touches (tests/changes.py says how)
+    # `make test-quick`: only the notebooks that the change since REV touches (utils/course/changes.py says how)
     parser.addoption("--changed-since", default=None, metavar="REV",
                      help="execute only the notebooks that the change since git revision REV touches: the notebook, "
-                          "its lab's solution, its scripts or a utils module it imports (tests/changes.py)")
+                          "its lab's solution, its scripts or a utils module it imports (utils/course/changes.py)")
 
 
 def pytest_generate_tests(metafunc):
     if "world_size" in metafunc.fixturenames and "path" in metafunc.fixturenames:
-        from notebook_runner import course_notebooks, suite_world_sizes
+        from utils.course.notebook_runner import course_notebooks, suite_world_sizes
 
         option = metafunc.config.getoption("--world-sizes")
         paths = course_notebooks()
         if (rev := metafunc.config.getoption("--changed-since")) is not None:
-            from changes import touched
+            from utils.course.changes import touched
 
             paths = touched(paths, rev)
         pairs = [(path, n) for path in paths
@@ -112,12 +112,12 @@ def pytest_xdist_auto_num_workers(config):
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the xdist_group marks set here
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`--dist loadgroup`, the Makefile's): each notebook run is a unit of its own, the
-    longest first (tests/run_minutes.json), so the last to start is a short one; a test module goes whole to
+    longest first (utils/course/run_minutes.json), so the last to start is a short one; a test module goes whole to
     one worker, so its module-scoped fixtures (a kernel, a site build) are made once; the GPU tests share one
     worker, one notebook at a time on the one GPU."""
     import json
 
-    measured = json.loads((Path(__file__).parent / "run_minutes.json").read_text())["notebooks"]
+    measured = json.loads((ROOT / "utils" / "course" / "run_minutes.json").read_text())["notebooks"]
 
     def expected_seconds(item):  # the full-parameter time: a proxy for the SMOKE run's, good enough for an order
         path, world_size = item.callspec.params["path"], item.callspec.params["world_size"]
@@ -146,14 +146,14 @@ def pytest_runtest_logreport(report):
 
 def pytest_terminal_summary(terminalreporter, config):
     if (rev := config.getoption("--changed-since")) is not None:  # `make test-quick`: the lessons' text it edits
-        from shown_source import changed_shown
+        from utils.course.shown_source import changed_shown
 
         for key, notebooks, how in changed_shown(rev):
             terminalreporter.write_line(f"shown source {how}: {key}, printed by {', '.join(notebooks)}: reread "
-                                        "their prose (tests/shown_source.py)")
+                                        "their prose (utils/course/shown_source.py)")
     if not NOTEBOOK_TIMES:
         return
-    from notebook_runner import print_table
+    from utils.course.notebook_runner import print_table
 
     terminalreporter.write_line("")
     print_table(sorted(NOTEBOOK_TIMES), "Notebooks (SMOKE=True; executed copies in build/test/ws<WORLD_SIZE>/)")

@@ -14,7 +14,7 @@ themselves run in tests/test_notebooks.py.
 import pytest
 
 from lab_grading import reference_answers
-from notebook_runner import ROOT, suite_world_sizes
+from utils.course.notebook_runner import ROOT, suite_world_sizes
 from utils.checkers.labs import LABS, answers_from_notebook, lab_of
 
 LAB_NOTEBOOKS = sorted((ROOT / "labs").glob("*.ipynb"))

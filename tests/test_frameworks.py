@@ -3,7 +3,7 @@ TensorFlow, and how the suite skips it.
 
 ``make test-frameworks`` runs these and notebooks 13a and 13b themselves (after ``make frameworks`` installs the
 [frameworks] extra). Without TensorFlow, the TensorFlow tests here skip with the reason, and the
-default suite skips both parts (``metadata.course.requires``, tests/notebook_runner.py).
+default suite skips both parts (``metadata.course.requires``, utils/course/notebook_runner.py).
 """
 
 import json
@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from notebook_runner import ROOT, course_metadata, missing_requirements
+from utils.course.notebook_runner import ROOT, course_metadata, missing_requirements
 
 import utils
 

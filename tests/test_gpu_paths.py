@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 
-from notebook_runner import ROOT
+from utils.course.notebook_runner import ROOT
 
 deepspeed = pytest.importorskip("deepspeed")
 import deepspeed.accelerator  # noqa: E402

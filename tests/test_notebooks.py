@@ -14,8 +14,9 @@ course's own in ``metadata.course.requires``; where one is not installed it is s
 import sys
 
 import pytest
-from notebook_runner import (BUILD, ROOT, alone_copy, course_notebooks, execute, kernel_env, missing_requirements,
-                             parameters_for, suite_world_sizes, supported_world_sizes)
+from utils.course.notebook_runner import (BUILD, ROOT, alone_copy, course_notebooks, execute, kernel_env,
+                                          missing_requirements, parameters_for, suite_world_sizes,
+                                          supported_world_sizes)
 
 
 @pytest.mark.notebook
@@ -79,15 +80,16 @@ EARLY_CELLS = 4  # a size the lesson cannot use must stop it within its first 4 
 
 @pytest.fixture(scope="module")
 def early_errors(tmp_path_factory):
-    """Every such notebook's first cells at its first unsupported size, all in one Python (tests/early_errors.py):
-    the check needs no kernel and no papermill per notebook. Killed, like a notebook, past its timeout."""
+    """Every such notebook's first cells at its first unsupported size, all in one Python
+    (utils/course/early_errors.py): the check needs no kernel and no papermill per notebook. Killed, like a
+    notebook, past its timeout."""
     import json
     import subprocess
 
     folder = tmp_path_factory.mktemp("early")
     jobs = [[str(p), parameters_for(p, SMOKE=True, WORLD_SIZE=_unsupported(p)[0])] for p in UNSUPPORTED]
     (folder / "in.json").write_text(json.dumps(jobs))
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "early_errors.py"), str(EARLY_CELLS),
+    done = subprocess.run([sys.executable, "-m", "utils.course.early_errors", str(EARLY_CELLS),
                            str(folder / "in.json"), str(folder / "out.json")], capture_output=True, text=True,
                           timeout=120 + 20 * len(jobs), env=kernel_env())
     assert done.returncode == 0, done.stderr[-3000:]

@@ -10,7 +10,7 @@ import sys
 import tomllib
 
 import pytest
-from notebook_runner import ROOT, course_notebooks
+from utils.course.notebook_runner import ROOT, course_notebooks
 
 
 def _normalise(requirement):

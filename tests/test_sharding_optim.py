@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from notebook_runner import ROOT
+from utils.course.notebook_runner import ROOT
 from utils import run_ranks
 from utils.datasets import digits
 from utils.models import ToyNet

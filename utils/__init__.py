@@ -64,6 +64,10 @@ this map names every folder and every module (a test holds both to it).
   in one process), ``dispatch`` (experts sharded over ranks, tokens by all-to-all), ``hybrid`` (with data
   parallelism on a 2-D mesh) (notebook 15).
 - ``utils.widgets``: the ipywidgets front ends: ``memory`` (notebook 03), ``pipeline`` (06b), ``planner`` (09).
+- ``utils.course``: the maintainers' tools, no lesson's: ``notebook_runner`` (``make course``, and the suite's
+  notebooks), ``minutes`` and ``teaching_guide`` (``make minutes``, ``make guide``), ``claims``, ``shown_source``
+  and ``changes`` (``make shown``, ``make test-quick``), ``robustness`` (``make robust``), ``torch_suite`` (``make
+  test-torch``), ``bench_launch`` (``make bench``); each runs as ``python -m utils.course.NAME``.
 - ``utils.checkers``: the labs' checkers, one module per lab named like ``labs/solutions/``, and ``common``
   (``LabCheckFailed``, ``CheckResult``, ``fail``, tolerances).
 - ``utils.workshop``: a teacher's tools, no lesson's: ``seats`` (cores and GPUs dealt to learners), ``hub``

@@ -4,7 +4,7 @@
 this file with ``runpy``, before anything is installed, so it imports nothing, not even torch);
 ``make preflight`` (``utils/workshop/preflight.py``) fails a box whose torch is not. ``pyproject.toml``
 pins one of them exactly (what ``make setup`` installs), and ``make test-torch TORCH=X``
-(``tests/torch_suite.py``) runs the whole suite on another, in an environment of its own.
+(``utils/course/torch_suite.py``) runs the whole suite on another, in an environment of its own.
 
 A new torch joins the range once ``make test-torch`` has run the suite on it (README, "Another torch").
 """
@@ -13,7 +13,7 @@ OLDEST = (2, 11)  # (major, minor): every patch release of these minor versions
 NEWEST = (2, 15)
 SUPPORTED = f"{OLDEST[0]}.{OLDEST[1]} to {NEWEST[0]}.{NEWEST[1]}"  # in words, for messages
 # the releases the whole suite has been run on here (make test, make test-torch): a claim pointer's ``versions``
-# (tests/claims.py) must cover at least one of them, or nothing would ever check it
+# (utils/course/claims.py) must cover at least one of them, or nothing would ever check it
 SUITE_RELEASES = ("2.13.0", "2.14.1", "2.15.0")
 
 

@@ -116,7 +116,7 @@ def stage(docs: Path, executed: Path | None, folders=None):
     (docs / "labs").mkdir()
     shutil.copy(ROOT / "README.md", docs / "index.md")
     shutil.copy(ROOT / "labs" / "README.md", docs / "labs" / "README.md")
-    shutil.copy(ROOT / "TEACHING.md", docs / "TEACHING.md")  # the teacher's guide (tests/teaching_guide.py)
+    shutil.copy(ROOT / "TEACHING.md", docs / "TEACHING.md")  # the teacher's guide (utils/course/teaching_guide.py)
     shutil.copy(HERE / "site.css", docs / "site.css")
     for folder in ("notebooks/scripts", "utils", "labs/solutions"):  # source files the lessons link to
         shutil.copytree(ROOT / folder, docs / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))

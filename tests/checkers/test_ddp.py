@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from lab_grading import expect_rejection
-from notebook_runner import ROOT
+from utils.course.notebook_runner import ROOT
 from utils.checkers.ddp import check_ddp, expected_buckets
 from utils.models import ToyNet
 

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from lab_grading import expect_rejection
-from notebook_runner import ROOT
+from utils.course.notebook_runner import ROOT
 from utils.comm.p2p import sendrecv
 from utils.comm.subgroup import chunk_bounds
 from utils.checkers.doubling_all_gather import check_doubling_all_gather

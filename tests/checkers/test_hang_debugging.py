@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from lab_grading import expect_rejection
-from notebook_runner import ROOT
+from utils.course.notebook_runner import ROOT
 from utils import rank_device
 from utils.checkers.hang_debugging import (BUG_KINDS, LABS, PLANTED, PROGRAMS, check_diagnosis, check_fix, make_data,
                                            planted_digest, references)

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from lab_grading import expect_rejection
-from notebook_runner import ROOT
+from utils.course.notebook_runner import ROOT
 from utils.checkers.pipeline_schedule import check_interleaved
 from utils.pipeline import bubble_fraction, idle_fraction, peak_in_flight, simulate
 

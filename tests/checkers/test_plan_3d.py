@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from lab_grading import expect_rejection
-from notebook_runner import ROOT
+from utils.course.notebook_runner import ROOT
 from utils.checkers import plan_3d
 from utils.checkers.plan_3d import CASES, TINY, TINY_BATCH, check_choose_plan, check_plan_run, tiny_cluster
 from utils.planner import CHECKPOINTING, Plan, best_plans, estimate

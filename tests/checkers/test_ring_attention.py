@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from lab_grading import expect_rejection
-from notebook_runner import ROOT
+from utils.course.notebook_runner import ROOT
 from utils.checkers.ring_attention import RING_HINTS, _partials, check_ring_attention
 from utils.context_parallel.ring import merge as the_lesson_merge
 

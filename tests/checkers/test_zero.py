@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from lab_grading import expect_rejection
-from notebook_runner import ROOT
+from utils.course.notebook_runner import ROOT
 from utils.comm import compat
 from utils.checkers.zero import check_bucketed_zero2, check_make_buckets
 

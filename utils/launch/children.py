@@ -3,7 +3,7 @@
 The course's one way to run a program it must never hang on nor leave behind. Three places need it: the
 ``torchrun`` agents of lesson scripts (``utils.launch.scripts.run_agents``, under ``launch`` and ``run_script``:
 lessons 02 to 13b), the workshop's grader (each learner's answer, ``utils.workshop.grade.run_answer``) and the test
-suite's notebooks (``tests/notebook_runner.py``). Each keeps the same four rules, written here once:
+suite's notebooks (``utils/course/notebook_runner.py``). Each keeps the same four rules, written here once:
 
 - the child leads a session of its own (``start_new_session=True``): its process group is its own, not ours;
 - a thread reads its output as it comes (a child that fills its pipe stops until someone reads), keeping all of

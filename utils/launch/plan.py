@@ -90,7 +90,7 @@ class RankSetup:
 def default_threads(world_size: int, cores: int) -> int:
     """Torch threads per CPU rank: the cores shared out evenly, at least one.
 
-    ``make bench`` measures it (tests/benchmarks/bench_launch.py): on a quiet 2-core machine one rank
+    ``make bench`` measures it (utils/course/bench_launch.py): on a quiet 2-core machine one rank
     ran 30 MLP steps in 0.55 s with both cores and in 1.04 s with one thread; with two ranks, one
     thread each already fills the cores, and more threads than cores make the ranks fight. Sharing the
     cores out is what torchrun's users do with ``OMP_NUM_THREADS``. Before the rank server, ranks

@@ -6,7 +6,7 @@ CUDA, cores, memory and disk for ``--learners`` learners, each GPU (a matmul, an
 already hold), NCCL between every pair of GPUs, gloo, the ports a hub and a lab listen on, the launcher's
 rank server, and a 2-rank all-reduce. The last two go through the launcher itself (``utils.launch``),
 so a pass means lesson 00 runs here. The GPU checks run only where there are GPUs;
-tests/test_preflight.py fakes them the way tests/test_hardware_branches.py fakes hardware.
+tests/test_workshop_preflight.py fakes them the way tests/test_hardware_branches.py fakes hardware.
 
 Memory per learner is measured, not guessed: the resident memory of this process (a kernel's worth of
 torch), of the rank server and of a rank in the 2-rank all-reduce, for a kernel, a server and 4 ranks

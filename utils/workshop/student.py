@@ -17,7 +17,7 @@ holds notebooks is an assignment of its own (``labs``, ``notebooks``), and the r
 listed: every ``labs/*.ipynb``, each line that sets ``USE_REFERENCE`` and each ``if USE_REFERENCE:`` block, and the
 ``labs/solutions/`` folder. ``leaks`` then searches the whole release for what must not be there, and the build
 fails naming it. The release's ``tests/`` runs every lesson and checks that each lab's checker answers the
-unmodified stubs with "not written yet" (``tests/student_course_suite.py``).
+unmodified stubs with "not written yet" (``utils/workshop/student_suite.py``).
 
     python -m utils.workshop.student [--out build/student] [--engine auto|nbgrader|builtin]
 """
@@ -43,9 +43,11 @@ REMOVED = "### SOLUTION REMOVED"  # what nbgrader puts in a region's place (its 
 # What the release needs: lessons, labs, the package (less the teachers' own tools), set-up files, its tests.
 FOLDERS = ("notebooks", "labs", "utils")
 FILES = ("README.md", "Makefile", "pyproject.toml", "environment.yml", ".gitignore", ".gitattributes",
-         "data/README.md", "tests/conftest.py", "tests/notebook_runner.py", "tests/run_minutes.json")
+         "data/README.md", "tests/conftest.py", "utils/course/__init__.py", "utils/course/notebook_runner.py",
+         "utils/course/run_minutes.json")
 SKIP = {"__pycache__", ".ipynb_checkpoints", "workshop"}  # utils/workshop: this module and the other teachers' tools
-SUITE = "tests/student_course_suite.py"  # the release's own tests, written as tests/test_course.py
+TOOLS = "utils/course"  # the maintainers' tools: the release keeps only those its tests run (in FILES)
+SUITE = "utils/workshop/student_suite.py"  # the release's own tests, written as tests/test_course.py
 NOT_THERE = re.compile(rf"{FLAG}|\b(from|import)\s+{SOLUTIONS}\b|labs/{SOLUTIONS}/\w+\.py")
 
 
@@ -140,7 +142,8 @@ def _copy_course(dest):
     for folder in FOLDERS:
         for path in sorted((ROOT / folder).rglob("*")):
             rel = path.relative_to(ROOT)
-            if path.is_file() and not SKIP & set(rel.parts) and path.suffix not in (".pyc",):
+            if path.is_file() and not SKIP & set(rel.parts) and path.suffix not in (".pyc",) \
+                    and rel.parent.as_posix() != TOOLS:
                 (dest / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, dest / rel)
     for name in FILES:
@@ -152,7 +155,7 @@ def _copy_course(dest):
     for readme in ("README.md", "labs/README.md"):
         text = (ROOT / readme).read_text()
         (dest / readme).write_text(student_files.release_readme(text, student_files.targets(makefile)))
-    runner = dest / "tests" / "notebook_runner.py"
+    runner = dest / TOOLS / "notebook_runner.py"
     runner.write_text(student_files.release_runner(runner.read_text()))
     shutil.copy2(ROOT / SUITE, dest / "tests" / "test_course.py")
     regions = 0

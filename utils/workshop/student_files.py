@@ -111,5 +111,5 @@ def parameters_for(path, **parameters):
 
 
 def release_runner(source):
-    """tests/notebook_runner.py with ``parameters_for`` passing the parameters it is given, nothing added."""
+    """utils/course/notebook_runner.py with ``parameters_for`` passing the parameters it is given, nothing added."""
     return _replace_function(source, "parameters_for", RUNNER_PARAMETERS)

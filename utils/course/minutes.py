@@ -1,17 +1,18 @@
 """How long each notebook takes a learner, from its text and its measured run time (a maintainer tool).
 
-    python tests/minutes.py                 # a table: words, code lines, the four parts, total; flags > 90
-    python tests/minutes.py --write         # stores metadata.course.minutes (+ minutes_parts), restates it in cell 1
-    python tests/minutes.py --measured build/course   # copies papermill's durations from `make course` into the data file
+    python -m utils.course.minutes            # a table: words, code lines, the four parts, total; flags > 90
+    python -m utils.course.minutes --write    # stores metadata.course.minutes (+ minutes_parts), restates it in cell 1
+    python -m utils.course.minutes --measured build/course   # copies `make course`'s durations into the data file
 
-The four parts, in minutes (each rule is the one the unit test, tests/test_minutes.py, holds the notebooks to):
+The four parts, in minutes (each rule is the one the unit test, tests/test_course_minutes.py, holds the notebooks
+to):
 
 - reading: the words of the markdown cells (whitespace-separated, formulas and links included) / 150;
 - code: the code the learner reads, at 10 lines a minute. Counted: every non-blank line of every code cell,
   comment lines included (they are read too), plus the non-blank lines of each utils function or class a
   cell prints with ``Code(inspect.getsource(f))``, found statically with ast (see printed_source_lines; the
   table's ``printed`` column; a name it cannot resolve is listed and not counted);
-- running: the notebook's full-parameter run time from tests/run_minutes.json (``make course``, measured on a
+- running: the notebook's full-parameter run time from utils/course/run_minutes.json (``make course``, measured on a
   shared 2-core machine: an upper bound). A notebook not measured there uses the data file's stated
   estimate, and the table flags it (``est``);
 - exercises: for a lesson, the numbered items of its last "## Exercises" (or "**Exercises**") section at EXERCISE_MINUTES each (an
@@ -30,7 +31,7 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).with_name("run_minutes.json")
 WORDS_PER_MINUTE = 150
 LINES_PER_MINUTE = 10

@@ -1,7 +1,7 @@
 """Claims tied to their source: every sentence about what a library does inside carries a pointer (a maintainer tool).
 
-    python tests/claims.py                  # checks every pointer; exits 1 on any broken one
-    python tests/claims.py --json out.json  # the same, and the result as JSON (for a run against another torch)
+    python -m utils.course.claims                  # checks every pointer; exits 1 on any broken one
+    python -m utils.course.claims --json out.json  # the same, and the result as JSON (for a run against another torch)
 
 A pointer lives in the notebook's metadata, never in its prose::
 
@@ -11,7 +11,7 @@ A pointer lives in the notebook's metadata, never in its prose::
        "code": "start_new_session=True"},         # a short exact piece of that file's code that makes it true
     ]
 
-The rules (tests/test_claims.py holds every notebook and lab to them, and tests them on planted bad pointers):
+The rules (tests/test_course_claims.py holds every notebook and lab to them, and tests them on planted bad pointers):
 
 - ``cell`` is a cell of the notebook and ``says`` occurs in its source (whitespace runs collapsed), so rewording the
   sentence forces a look at its pointer;
@@ -55,9 +55,9 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from minutes import key, notebooks, source  # one list of the course's notebooks, one way to name and read them
+from .minutes import key, notebooks, source  # one list of the course's notebooks, one way to name and read them
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OPTIONAL = {"nbgrader": "teacher", "jupyterhub": "teacher"}  # top-level package -> the extra that installs it
 FIELDS = ("cell", "says", "file", "code")
 OPTIONAL_FIELDS = ("versions",)

@@ -1,8 +1,8 @@
 """The student release's own tests (``make test`` there): every lesson runs; every lab answers its stubs.
 
 ``make student`` (utils/workshop/student.py) writes this file into the release as ``tests/test_course.py``; the
-teachers' course does not collect it (its name is not ``test_*.py``), and ``tests/test_student_release.py`` runs
-it on one lab. A lesson is executed by papermill with SMOKE=True, at its ``metadata.course.suite_world_sizes``, and
+teachers' course does not collect it (it lives in ``utils/``, not ``tests/``), and ``tests/test_workshop_student.py``
+runs it on one lab. A lesson is executed by papermill with SMOKE=True, at its ``metadata.course.suite_world_sizes``, and
 must pass. A lab is executed as a learner first opens it, stubs untouched, every cell in order, errors allowed:
 the first cell that raises must answer "not written yet" (a stub's ``NotImplementedError``), and so must every
 cell that calls a checker function the lab imports from ``utils.checkers`` (or "set its diagnosis", lab 11's
@@ -15,7 +15,8 @@ import re
 import time
 
 import pytest
-from notebook_runner import BUILD, ROOT, execute, missing_requirements, notebook_timeout, supported_world_sizes
+from utils.course.notebook_runner import (BUILD, ROOT, execute, missing_requirements, notebook_timeout,
+                                          supported_world_sizes)
 
 FLAG = "USE_" + "REFERENCE"  # the teachers' switch to a reference solution, spelled so that this file has none
 CHECKERS = re.compile(r"from utils\.checkers\.\w+ import ([\w, ]+)")  # what a lab imports from its checker

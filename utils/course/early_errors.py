@@ -2,7 +2,7 @@
 first error each raises: what ``test_unsupported_world_size_fails_early`` needs, without a kernel and papermill
 per notebook (each costs ~10 s of start-up and imports; here torch is imported once for all of them).
 
-    python tests/early_errors.py CELLS JSON_IN JSON_OUT
+    python -m utils.course.early_errors CELLS JSON_IN JSON_OUT
 
 JSON_IN: [[notebook path, {parameter: value}], ...]. For each notebook, its code cells run in order, papermill's
 way: the cell tagged ``parameters``, then the given values as a cell of assignments, then the rest; it stops at the

@@ -1,14 +1,14 @@
-"""tests/shown_source.py: the utils functions and classes the lessons print as source, listed in
-tests/shown_source.json, so that an edit to one names the lessons whose text it edits. Nothing is executed."""
+"""utils/course/shown_source.py: the utils functions and classes the lessons print as source, listed in
+utils/course/shown_source.json, so that an edit to one names the lessons whose text it edits. Nothing is executed."""
 
 import json
 
 import pytest
-from changes import ROOT
-from shown_source import (LIST, WRITE, _working_tree, changed_shown, current, edited, locate, notebook_shows,
-                          read_list, stale)
+from utils.course.changes import ROOT
+from utils.course.shown_source import (LIST, WRITE, _working_tree, changed_shown, current, edited, locate,
+                                       notebook_shows, read_list, stale)
 
-HINT = f"run `.venv/bin/{WRITE}` and commit tests/shown_source.json (its git diff says which lessons changed)"
+HINT = f"run `.venv/bin/{WRITE}` and commit utils/course/shown_source.json (its git diff says which lessons changed)"
 
 
 def test_every_show_is_read_statically():
@@ -20,7 +20,7 @@ def test_every_show_is_read_statically():
 def test_the_list_is_current():
     listed, by_hand = read_list()
     differences = stale(listed, current(by_hand=by_hand)[0])
-    assert not differences, "tests/shown_source.json is stale:\n" + "\n".join(differences) + "\n" + HINT
+    assert not differences, "utils/course/shown_source.json is stale:\n" + "\n".join(differences) + "\n" + HINT
 
 
 def test_the_list_is_large_and_canonical():

@@ -1,8 +1,8 @@
 """Which ``utils`` functions and classes a notebook prints as source, and which of them a change edits.
 
-    python tests/shown_source.py                   # the shows as the notebooks make them; says if the list is stale
-    python tests/shown_source.py --write           # rewrites tests/shown_source.json, the list tests keep current
-    python tests/shown_source.py --changed [REV]   # shown objects whose source changed since REV (default HEAD;
+    python -m utils.course.shown_source                   # the shows as the notebooks make them; is the list stale?
+    python -m utils.course.shown_source --write           # rewrites shown_source.json, the list tests keep current
+    python -m utils.course.shown_source --changed [REV]   # shown objects whose source changed since REV (default HEAD;
                                                    # A..B for a range) and the notebooks whose text that changes
 
 A lesson shows a utils object with ``Code(inspect.getsource(obj), language="python")`` or
@@ -22,11 +22,11 @@ import re
 import sys
 from pathlib import Path
 
-from changes import ROOT, changed_files, text_at
+from .changes import ROOT, changed_files, text_at
 
-LIST = ROOT / "tests" / "shown_source.json"
+LIST = Path(__file__).with_name("shown_source.json")
 SHOW_CALLS = {"inspect.getsource", "inspect.getsourcelines", "inspect.getdoc"}
-WRITE = "python tests/shown_source.py --write"
+WRITE = "python -m utils.course.shown_source --write"
 LOCAL = "<the notebook's own>"  # a def or class of the notebook: shown, but no utils source
 UNKNOWN = None                  # bound by an assignment, a loop, a with: not resolvable statically
 
@@ -291,8 +291,9 @@ def stale(listed, found, text_of=_working_tree):
 
 def write(found, by_hand, path=LIST):
     about = ("The utils functions and classes each notebook prints as source (inspect.getsource in a code cell): "
-             "editing one edits those lessons' text. Kept by tests/test_shown_source.py; rewrite it with `" + WRITE
-             + "`. `python tests/shown_source.py --changed [REV]` lists the shown objects a change edits. by_hand: "
+             "editing one edits those lessons' text. Kept by tests/test_course_shown_source.py; rewrite it with `"
+             + WRITE + "`. `python -m utils.course.shown_source --changed [REV]` lists the shown objects a change "
+             "edits. by_hand: "
              "cells whose show cannot be read statically, 'notebook#cell-id': [the utils objects it shows].")
     def rows(table):  # one object a line, its notebooks on it: a diff of the list reads as a diff of the lessons
         return "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in table.items()) + "\n }" if table \
@@ -313,7 +314,7 @@ def changed_shown(rev="HEAD", shown=None):
 
 def edited(shown, old, new, files):
     """The listed objects whose source differs between the texts ``old`` and ``new`` give (path -> text or None);
-    ``files``, the paths the change touches (tests/changes.py's reading of it), spares reading the others."""
+    ``files``, the paths the change touches (utils/course/changes.py's reading of it), spares reading the others."""
     result = []
     for key, notebooks in sorted(shown.items()):
         after = locate(key, new)

@@ -1,16 +1,14 @@
-"""Each notebook's stated time (metadata.course.minutes, and its first cell) is what tests/minutes.py computes
-from its current text and the measured run times (tests/run_minutes.json), so the figure stays honest as a
+"""Each notebook's stated time (metadata.course.minutes, and its first cell) is what utils/course/minutes.py computes
+from its current text and the measured run times (utils/course/run_minutes.json), so the figure stays honest as a
 lesson grows. Fast: nothing is executed."""
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import minutes  # noqa: E402
+from utils.course import minutes
 
 # Notebooks over one 90-minute sitting, listed so that the suite stays green while they are split into parts that
 # each teach one thing (issue 23 split lessons 02, 05, 07, 08, 09, 12 and lab 01 this way); kept true both ways by
@@ -25,17 +23,18 @@ def test_stated_minutes_are_computed(path):
     nb = json.loads(path.read_text())
     course = nb["metadata"].get("course", {})
     assert "minutes" in course, (f"{minutes.key(path)} has no metadata.course.minutes: run "
-                                 "`python tests/minutes.py --write` (after `make course` and --measured for a new notebook)")
+                                 "`python -m utils.course.minutes --write` (after `make course` and --measured for "
+                                 "a new notebook)")
     p, _ = minutes.parts(path, DATA)
     expected = minutes.total(p)
     assert course["minutes"] == expected, (
         f"{minutes.key(path)} states {course['minutes']} min, but its text and run time now make {expected} "
-        f"({p}): run `python tests/minutes.py --write {minutes.key(path)}`")
+        f"({p}): run `python -m utils.course.minutes --write {minutes.key(path)}`")
     assert course.get("minutes_parts") == p, f"{minutes.key(path)}: minutes_parts {course.get('minutes_parts')} != {p}"
     first = minutes.source(nb["cells"][0])
     assert minutes.stated_minutes(first) == expected, (
         f"{minutes.key(path)}'s first cell says {minutes.stated_minutes(first)} min, not {expected}: "
-        "run `python tests/minutes.py --write`")
+        "run `python -m utils.course.minutes --write`")
     if expected > minutes.MAX_MINUTES:
         assert minutes.key(path) in KNOWN_OVER_90, (
             f"{minutes.key(path)} takes {expected} min, over {minutes.MAX_MINUTES}: split it into parts")
@@ -46,7 +45,7 @@ def test_known_over_90_are_reported():
     one that drops to 90 leaves it (one over 90 and not listed fails test_stated_minutes_are_computed)."""
     written = [p for p in NOTEBOOKS if "minutes" in json.loads(p.read_text())["metadata"].get("course", {})]
     if not written:
-        pytest.skip("no notebook has metadata.course.minutes yet: run `python tests/minutes.py --write`")
+        pytest.skip("no notebook has metadata.course.minutes yet: run `python -m utils.course.minutes --write`")
     computed = {minutes.key(p) for p in written if minutes.total(minutes.parts(p, DATA)[0]) > minutes.MAX_MINUTES}
     listed = KNOWN_OVER_90 & {minutes.key(p) for p in written}
     assert computed == listed, f"over {minutes.MAX_MINUTES} now: {sorted(computed)}; listed: {sorted(listed)}"
@@ -56,7 +55,8 @@ def test_known_over_90_are_reported():
 def test_every_notebook_has_a_run_time():
     """A new notebook gets a line in the data file (measured seconds, or an estimate until `make course`)."""
     missing = [minutes.key(p) for p in NOTEBOOKS if minutes.key(p) not in DATA["notebooks"]]
-    assert not missing, f"no run time in tests/run_minutes.json for {missing}: run `make course`, then --measured"
+    assert not missing, (f"no run time in utils/course/run_minutes.json for {missing}: run `make course`, "
+                         "then --measured")
 
 
 def test_parts_follow_the_stated_rules(tmp_path):

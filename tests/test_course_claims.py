@@ -1,17 +1,14 @@
 """Claims tied to their source (issue 34): every pointer holds, the checker refuses bad ones, no claim goes uncovered.
 
-The pointers and their rules are described in tests/claims.py (the tool: ``python tests/claims.py``)."""
+The pointers and their rules are described in utils/course/claims.py (the tool: ``python -m utils.course.claims``)."""
 
 import functools
 import json
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import claims  # noqa: E402
+from utils.course import claims
 
 ROOT = claims.ROOT
 NOTEBOOKS = claims.notebooks()
@@ -247,7 +244,7 @@ def library_mentions(markdown):
 
     Such a mention says how a library works inside, where its code is, so the cell must carry a pointer. A cell that
     only names public API (``fully_shard``, ``dist.all_reduce``) is not flagged: that is the heuristic's blind spot,
-    covered by reading the lessons (tests/claims.py lists what was checked)."""
+    covered by reading the lessons (utils/course/claims.py lists what was checked)."""
     found = []
     for span in re.findall(r"`([^`\n]+)`", markdown):
         spaced = bool(re.search(r"\s", span.strip()))
@@ -279,7 +276,7 @@ def test_library_source_claims_carry_pointers(path):
     missing = uncovered(path)
     assert not missing, (
         f"{claims.key(path)}: cells that name a library's source file or private function, with no claim pointer "
-        f"(add one to metadata.course.claims, see tests/claims.py): {missing}")
+        f"(add one to metadata.course.claims, see utils/course/claims.py): {missing}")
 
 
 def test_the_detector_flags_what_it_should():

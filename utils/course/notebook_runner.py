@@ -3,7 +3,7 @@
 Used by the test suite (small parameters, see tests/test_notebooks.py) and by ``make course``
 (each notebook's own parameters). Executed copies go to ``build/``, which git ignores.
 
-    python tests/notebook_runner.py [NOTEBOOK ...]
+    python -m utils.course.notebook_runner [NOTEBOOK ...]
 """
 
 import json
@@ -17,7 +17,9 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
+from ..launch import start_child  # papermill's tree killed on a timeout, the kernel (its own session) too
+
+ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build"
 PEAKS = BUILD / "course" / "peak_memory.json"  # notebook -> peak resident bytes of its process tree, by make course
 DEFAULT_TIMEOUT = 600  # seconds per notebook; a notebook may set metadata.course.test_timeout
@@ -126,8 +128,6 @@ def execute(path, out_dir, parameters=None, timeout=None, peaks=None, cwd=None):
            "--kernel", "python3", "--no-progress-bar", "--log-level", "WARNING"]
     for name, value in (parameters or {}).items():
         cmd += ["-p", name, str(value)]
-    # Here, not at the top: `import utils` imports torch, which the runner's other tools (and conftest) do without.
-    from utils.launch import start_child  # papermill's tree killed on a timeout, the kernel (its own session) too
 
     start = time.perf_counter()
     for attempt in (1, 2):
@@ -187,7 +187,7 @@ def main(argv):
             print(log[-4000:])
         key = f"{path.parent.name}/{path.name}"
         rows.append((key, ok, seconds, peaks[key]))
-        # beside the executed copies: tests/minutes.py --measured build/course copies each peak into run_minutes.json
+        # beside the executed copies; utils.course.minutes --measured build/course copies each into run_minutes.json
         known = json.loads(PEAKS.read_text()) if PEAKS.exists() else {}
         PEAKS.write_text(json.dumps({**known, key: peaks[key]}, indent=1))
     print_table(rows, "make course: every notebook with its own parameters (executed copies in build/course/)")

@@ -1,8 +1,8 @@
-"""tests/changes.py, behind `make test-quick`: which notebooks a change touches (fast: nothing is executed)."""
+"""utils/course/changes.py, behind `make test-quick`: which notebooks a change touches (fast: nothing is executed)."""
 
 import pytest
-from changes import changed_files, notebook_dependencies, text_at, utils_closure
-from notebook_runner import ROOT
+from utils.course.changes import changed_files, notebook_dependencies, text_at, utils_closure
+from utils.course.notebook_runner import ROOT
 
 
 def test_a_lab_depends_on_its_checker_its_solution_and_what_they_import():
@@ -28,8 +28,8 @@ def test_a_bad_revision_is_named():
 
 
 def test_a_file_at_a_commit_and_a_range():
-    assert "def changed_files" in text_at("HEAD", "tests/changes.py")
+    assert "def changed_files" in text_at("HEAD", "utils/course/changes.py")
     assert text_at("HEAD", "no/such/file.py") is None
     with pytest.raises(ValueError, match="no-such-revision"):
-        text_at("no-such-revision", "tests/changes.py")
+        text_at("no-such-revision", "utils/course/changes.py")
     assert changed_files("HEAD..HEAD") == set()  # a range of commits: no untracked file counts

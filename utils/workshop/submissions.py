@@ -1,10 +1,10 @@
 """Learners' lab notebooks for testing and timing the grader (utils/workshop/grade.py), made from the labs themselves.
 
 A submission is the lab's notebook (labs/<lab>.ipynb) with its answer cells edited: the stub left as it is,
-replaced by the reference solution (labs/solutions/), or by a planted wrong answer. tests/test_grade.py builds
-its bad submissions with ``notebook_with``; the timing run builds a class:
+replaced by the reference solution (labs/solutions/), or by a planted wrong answer. tests/test_workshop_grade.py
+builds its bad submissions with ``notebook_with``; the timing run builds a class:
 
-    python tests/grade_submissions.py build/class 30        # 30 learners x every lab, nbgrader's layout
+    python -m utils.workshop.submissions build/class 30   # 30 learners x every lab, nbgrader's layout
     make grade SUBMISSIONS=build/class/submitted
 
 Learner k's answer to lab j is the reference, the stub or a planted wrong answer, in the ratio 3 : 1 : 1.
@@ -17,10 +17,9 @@ from pathlib import Path
 
 import nbformat
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from ..checkers.labs import LABS
 
-from utils.checkers.labs import LABS  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 # One wrong answer per lab, short and plainly wrong; which mistake the checker names is its own business.
 PLANTED = {

@@ -1,6 +1,6 @@
 """The workshop's grader (utils/workshop/grade.py): bad submissions are verdicts, never a stopped or hung grader.
 
-The submissions are the labs' own notebooks with their answer cells edited (tests/grade_submissions.py): the
+The submissions are the labs' own notebooks with their answer cells edited (utils/workshop/submissions.py): the
 stub, the reference solution, and answers that break the grader's rules on purpose. Lab 06's check is the
 cheapest (its learner function runs in the grading process; only torch's schedule runs on 2 ranks), so the
 bad answers are lab 06 answers; lab 03's make_buckets part shows a multi-part lab in the flat layout.
@@ -15,7 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from grade_submissions import notebook_with, reference_notebook, reference_source
+from utils.workshop.submissions import notebook_with, reference_notebook, reference_source
 from utils.workshop import grade as grader
 from utils.workshop.gradebook import cell, write_gradebook
 

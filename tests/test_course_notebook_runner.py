@@ -1,11 +1,13 @@
-"""tests/notebook_runner.py's tools: a process tree's peak memory, a notebook's copy to run alone, its working folder."""
+"""utils/course/notebook_runner.py's tools: a process tree's peak memory, a notebook's copy to run alone, its working
+folder."""
 
 import os
 import subprocess
 import sys
 
 import pytest
-from notebook_runner import ROOT, PeakMemory, alone_copy
+
+from utils.course.notebook_runner import ROOT, PeakMemory, alone_copy
 
 
 def test_peak_memory_counts_the_children():
@@ -28,7 +30,7 @@ def test_alone_copy_holds_the_tracked_files_only(tmp_path):
 
 
 def test_only_a_kernel_port_clash_is_run_again():
-    from notebook_runner import kernel_port_clash
+    from utils.course.notebook_runner import kernel_port_clash
 
     clash = ("zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:34615')\n"
              "RuntimeError: Kernel died before replying to kernel_info")
@@ -42,7 +44,7 @@ def test_the_notebooks_working_folder_is_a_parameter(tmp_path):
     """``execute`` runs papermill and the kernel in the notebook's folder, or in ``cwd`` when given."""
     import nbformat
 
-    from notebook_runner import execute
+    from utils.course.notebook_runner import execute
 
     (tmp_path / "nb").mkdir(), (tmp_path / "elsewhere").mkdir()
     notebook = tmp_path / "nb" / "where.ipynb"

@@ -1,13 +1,13 @@
 """Writes TEACHING.md, the teacher's guide: every lesson and lab with its measured minutes, world sizes, cores
 and memory, what to demo and what learners do alone, and a one-day and a two-day schedule built from the
-minutes (a maintainer tool, like tests/minutes.py; a test keeps TEACHING.md equal to what this writes).
+minutes (a maintainer tool, like utils/course/minutes.py; a test keeps TEACHING.md equal to what this writes).
 
-    python tests/teaching_guide.py           # rewrites TEACHING.md (make guide)
-    python tests/teaching_guide.py --check   # exit 1 if TEACHING.md is stale
+    python -m utils.course.teaching_guide           # rewrites TEACHING.md (make guide)
+    python -m utils.course.teaching_guide --check   # exit 1 if TEACHING.md is stale
 
-Where the numbers come from: minutes from each notebook's ``metadata.course.minutes_parts`` (tests/minutes.py:
+Where the numbers come from: minutes from each notebook's ``metadata.course.minutes_parts`` (utils/course/minutes.py:
 reading at 150 words a minute, code at 10 lines a minute, the full-parameter run time, exercises); world
-sizes from its parameters cell and ``metadata.course.world_sizes``; peak memory from tests/run_minutes.json
+sizes from its parameters cell and ``metadata.course.world_sizes``; peak memory from utils/course/run_minutes.json
 (``make course`` samples the notebook's kernel and ranks). The labs' usual mistakes are their checkers' own
 hint tables (utils/checkers/), so the guide names the mistakes the checker recognises, no more.
 """
@@ -18,13 +18,12 @@ import json
 import math
 import re
 import sys
-from pathlib import Path
 
-import minutes
-from notebook_runner import ROOT, course_metadata
+from . import minutes
+from .notebook_runner import ROOT, course_metadata
 
 GUIDE = ROOT / "TEACHING.md"
-SESSION = 90  # minutes between breaks; no notebook asks more (tests/test_minutes.py)
+SESSION = 90  # minutes between breaks; no notebook asks more (tests/test_course_minutes.py)
 DAY = [("09:00", "10:30"), ("11:00", "12:30"), ("13:30", "15:00"), ("15:30", "17:00")]  # 4 sessions, 360 minutes
 
 # What a teacher shows on the projector, what learners do alone, and the questions that come up. Written by
@@ -182,7 +181,8 @@ def stem_path(stem):
     for folder in ("notebooks", "labs"):
         if (path := ROOT / folder / f"{stem}.ipynb").exists():
             return path
-    raise KeyError(f"{stem}: no notebooks/{stem}.ipynb or labs/{stem}.ipynb (renamed? update tests/teaching_guide.py)")
+    raise KeyError(f"{stem}: no notebooks/{stem}.ipynb or labs/{stem}.ipynb "
+                   "(renamed? update utils/course/teaching_guide.py)")
 
 
 def default_world_size(path):
@@ -263,10 +263,11 @@ def render():
     rows = {p.stem: row(p, data) for p in paths}
     missing = [p.stem for p in paths if p.parent.name == "notebooks" and p.stem not in NOTES]
     if missing:
-        raise KeyError(f"no teaching notes for {', '.join(missing)}: add them to NOTES in tests/teaching_guide.py")
+        raise KeyError(f"no teaching notes for {', '.join(missing)}: add them to NOTES in "
+                       "utils/course/teaching_guide.py")
     lines = ["# Teaching the course: a guide for workshops", "",
-             "<!-- Written by tests/teaching_guide.py (`make guide`) from the notebooks' measured minutes; edit that "
-             "file, not this one. -->", "",
+             "<!-- Written by utils/course/teaching_guide.py (`make guide`) from the notebooks' measured minutes; "
+             "edit that file, not this one. -->", "",
              "For a teacher preparing a one- or two-day workshop on a shared GPU box, a JupyterHub or a Slurm "
              "cluster. Every figure below is measured (how: the end of this page); the schedules are built from "
              "those minutes, so they hold as long as the notebooks do. The room itself (`make preflight USERS=N` checks the "
@@ -312,8 +313,9 @@ def render():
             lines.append("")
     lines += ["## Where the figures come from", "",
               "`make minutes` prints each notebook's minutes and how they are made; `make course` runs every "
-              "notebook at full parameters and measures its time and peak memory; `python tests/minutes.py "
-              "--measured build/course` stores them in `tests/run_minutes.json`; `make guide` rewrites this page. "
+              "notebook at full parameters and measures its time and peak memory; `python -m utils.course.minutes "
+              "--measured build/course` stores them in `utils/course/run_minutes.json`; `make guide` rewrites this "
+              "page. "
               "`make test-catch-up` runs each notebook alone from a fresh copy of the course: a learner who falls "
               "behind can start at any lesson.", ""]
     return "\n".join(lines)
@@ -335,5 +337,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).parent))
     sys.exit(main())

@@ -1,9 +1,9 @@
-"""TEACHING.md is what tests/teaching_guide.py writes from the notebooks' measured minutes, and its schedules fit."""
+"""TEACHING.md is what utils/course/teaching_guide.py writes from the notebooks' measured minutes, and its schedules
+fit."""
 
 import pytest
 
-import minutes
-import teaching_guide
+from utils.course import minutes, teaching_guide
 
 
 def test_the_guide_is_current():

@@ -1,19 +1,17 @@
-"""tests/torch_suite.py (`make test-torch TORCH=X`): its report sorts what broke into notebooks, claim pointers and
-other tests, and says when there is no claims checker. The environment and the suite themselves are what
+"""utils/course/torch_suite.py (`make test-torch TORCH=X`): its report sorts what broke into notebooks, claim pointers
+and other tests, and says when there is no claims checker. The environment and the suite themselves are what
 `make test-torch` runs (long); here a JUnit file stands in for the suite."""
 
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-import torch_suite  # noqa: E402
+from utils.course import torch_suite
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="6">
 <testcase classname="tests.test_notebooks" name="test_notebook_runs[notebooks/05a_tp.ipynb-ws2]" time="30">
   <failure message="AssertionError: speed-up 0.9 &lt; 1.2">long traceback</failure></testcase>
 <testcase classname="tests.test_notebooks" name="test_notebook_runs[notebooks/00_start_here.ipynb-ws2]" time="9"/>
-<testcase classname="tests.test_claims" name="test_every_pointer_resolves" time="1">
+<testcase classname="tests.test_course_claims" name="test_every_pointer_resolves" time="1">
   <failure message="2 broken pointers">...</failure></testcase>
 <testcase classname="tests.test_ddp_notebook" name="test_a_failing_fit_raises_in_the_caller" time="3">
   <error message="RuntimeError: Cannot re-initialize CUDA in forked subprocess">...</error></testcase>
@@ -27,7 +25,7 @@ def test_report_sorts_what_broke(tmp_path):
     junit = torch_suite.read_junit(tmp_path / "junit.xml")
     assert junit["counts"] == dict(passed=2, failed=2, errors=1, skipped=1)
     text = torch_suite.write_report(tmp_path, "2.15.0", "2.15.0+cu130 (CUDA 13.0 build) 0 GPU(s)", junit,
-                                    ("no claims checker (tests/claims.py is not in this checkout)", []), 600.0,
+                                    ("no claims checker (utils/course/claims.py is not in this checkout)", []), 600.0,
                                     ("2.00, 1.50, 1.00", "3.00, 2.00, 1.50"), 1)
     assert text == (tmp_path / "report.md").read_text()
     notebooks, claims, others = text.split("## ")[1:]

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from notebook_runner import ROOT, kernel_env
+from utils.course.notebook_runner import ROOT, kernel_env
 from utils.workshop import student
 from utils.workshop.student_files import FLAG, SOLUTIONS, targets
 
@@ -46,6 +46,8 @@ def test_no_reference_solution_anywhere(built):
     assert FLAG not in text
     assert not re.search(rf"\b(from|import)\s+{SOLUTIONS}\b", text), "an import of a reference solution"
     assert not (release / "utils" / "workshop").exists(), "the teachers' tools stay with the teachers"
+    kept = sorted(p.name for p in (release / "utils" / "course").iterdir() if p.is_file())
+    assert kept == ["__init__.py", "notebook_runner.py", "run_minutes.json"], "of the maintainers' tools, the runner"
 
 
 def test_every_lab_is_there_with_its_stubs_and_only_the_reference_lines_are_gone(built):

@@ -6,18 +6,19 @@ For a maintainer deciding whether a torch release joins the supported range (``u
 1. **The environment**: a virtual environment (``--venv``, default ``build/torch-<version>/venv``) with
    ``torch==<version>`` and every other pin of ``pyproject.toml``, installed under a constraints file naming that
    exact torch (so no pin can move it), the course itself with ``--no-deps``, and the course's kernel inside it
-   (``tests/notebook_runner.kernel_env`` finds a kernel in the ``sys.prefix`` of the Python running pytest, so
+   (``utils.course.notebook_runner.kernel_env`` finds a kernel in the ``sys.prefix`` of the Python running pytest, so
    the notebooks run on that torch too). Made once: a stamp holds the torch and the pins, and the next run with
    the same ones reuses it. pip installs what its configuration says: the CUDA build from PyPI on Linux, or the
    CPU build with ``PIP_INDEX_URL=https://download.pytorch.org/whl/cpu PIP_EXTRA_INDEX_URL=https://pypi.org/simple``.
 2. **The suite**, as ``make test`` runs it (``-n auto --dist loadgroup``; extra pytest arguments after ``--``),
    with a JUnit XML file beside the report.
 3. **The report** (``build/torch-<version>/report.md``, also printed): passed, failed, skipped, the time and the
-   load average, then what broke, in three lists: the notebooks, the claim pointers (``tests/claims.py --json``
-   where that checker exists, and the failures of ``tests/test_claims.py``), and the other tests.
+   load average, then what broke, in three lists: the notebooks, the claim pointers (``utils/course/claims.py --json``
+   where that checker exists, and the failures of ``tests/test_course_claims.py``), and the other tests.
 
 Exits 0 when nothing broke, 1 when something did, 2 when the environment could not be made.
-Only the standard library: it runs with any Python 3.11 or 3.12, before the environment exists.
+Only the standard library: it runs with any Python 3.11 or 3.12, before the environment exists; so by its path,
+``python utils/course/torch_suite.py``, not with ``-m``, which would import ``utils`` and with it torch.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STAMP = ".torch-suite-stamp"
 
 
@@ -115,22 +116,23 @@ def read_junit(junit: Path) -> dict:
 
 
 def check_claims(bin_python: Path, out: Path) -> tuple[str, list[str]]:
-    """(status line, broken pointers) from ``tests/claims.py --json``, or why there is none."""
-    checker = ROOT / "tests" / "claims.py"
+    """(status line, broken pointers) from ``utils/course/claims.py --json``, or why there is none."""
+    checker = ROOT / "utils" / "course" / "claims.py"
     if not checker.exists():
-        return "no claims checker (tests/claims.py is not in this checkout)", []
+        return "no claims checker (utils/course/claims.py is not in this checkout)", []
     result_file = out / "claims.json"
-    run = subprocess.run([str(bin_python), str(checker), "--json", str(result_file)], cwd=ROOT,
+    run = subprocess.run([str(bin_python), "-m", "utils.course.claims", "--json", str(result_file)], cwd=ROOT,
                          capture_output=True, text=True)
     try:
         data = json.loads(result_file.read_text())
     except (OSError, ValueError) as exc:
         tail = (run.stderr or run.stdout).strip().splitlines()[-1:] or [""]
-        return f"tests/claims.py exited {run.returncode} without a readable {result_file.name} ({exc}): {tail[0]}", []
+        return (f"utils/course/claims.py exited {run.returncode} without a readable {result_file.name} ({exc}): "
+                f"{tail[0]}", [])
     broken = [json.dumps(item, sort_keys=True)[:240] for item in _broken_items(data)]
     if run.returncode and not broken:  # it says something broke, in a shape not read here: point at the file
         broken = [f"(see {result_file}: the checker exited {run.returncode})"]
-    return f"tests/claims.py exited {run.returncode}; {len(broken)} broken pointer(s) in {result_file}", broken
+    return f"utils/course/claims.py exited {run.returncode}; {len(broken)} broken pointer(s) in {result_file}", broken
 
 
 def _broken_items(data):
@@ -148,7 +150,7 @@ def write_report(out: Path, version: str, torch_line: str, junit: dict, claims: 
                  seconds: float, load: tuple, exit_code: int) -> str:
     c = junit["counts"]
     notebooks = [b for b in junit["broken"] if "test_notebooks.py" in b[0]]
-    claim_tests = [b for b in junit["broken"] if "test_claims.py" in b[0]]
+    claim_tests = [b for b in junit["broken"] if "test_course_claims.py" in b[0]]
     others = [b for b in junit["broken"] if b not in notebooks and b not in claim_tests]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     lines = [f"# The suite on torch {version}", "",

@@ -4,8 +4,9 @@ A notebook is touched when the change edits it, its lab's reference solution (``
 ``notebooks/scripts/`` it names, or a ``utils`` module it imports, directly or through other ``utils`` modules (read
 statically with ``ast``: ``from utils.x import y``, ``import utils.x``, ``utils.x.y`` in code). The change is what
 ``git diff --name-only REV`` lists, plus the files git does not track yet (none for a range ``A..B``). A change to
-the test machinery itself (``tests/notebook_runner.py``, ``tests/conftest.py``, ``pyproject.toml``) touches every
-notebook. ``tests/shown_source.py --changed`` reads the same change for the utils source that lessons print.
+the test machinery itself (``utils/course/notebook_runner.py``, ``tests/conftest.py``, ``pyproject.toml``) touches
+every notebook. ``python -m utils.course.shown_source --changed`` reads the same change for the utils source that
+lessons print.
 """
 
 import ast
@@ -15,8 +16,8 @@ import re
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-EVERYTHING = {"tests/notebook_runner.py", "tests/conftest.py", "pyproject.toml", "utils/__init__.py",
+ROOT = Path(__file__).resolve().parents[2]
+EVERYTHING = {"utils/course/notebook_runner.py", "tests/conftest.py", "pyproject.toml", "utils/__init__.py",
               "utils/launch/server.py"}  # the rank server: started by name (python -m), so no import shows it
 
 

@@ -9,8 +9,8 @@ With a busy process pinned to one core throughout (``taskset -c 0``, a Python lo
 prints the passes per notebook and exits non-zero if any run failed. The busy process is stopped on
 every exit, interrupts included. Executed copies go to ``build/robust/``.
 
-    python tests/robustness.py                        # all of it (32 minutes on a 2-core machine)
-    python tests/robustness.py --no-suite --only 06   # lesson 06, 5 times, under the busy core
+    python -m utils.course.robustness                        # all of it (32 minutes on a 2-core machine)
+    python -m utils.course.robustness --no-suite --only 06   # lesson 06, 5 times, under the busy core
 """
 
 import argparse
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import psutil
-from notebook_runner import BUILD, ROOT, execute, parameters_for
+from .notebook_runner import BUILD, ROOT, execute, parameters_for
 
 # Notebooks whose asserts involve a time, each a bound or a ratio that the machine's load must not break (issue 34):
 # 00 (a bare launch against a fresh torch import timed in turns; a crash reported within 10 s), 01b (the alpha-beta
