@@ -20,8 +20,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from utils import describe_machine, run_ranks
-from utils.perf import measure
+from ..hardware import describe_machine
+from ..launch import run_ranks
+from ..perf import measure
 
 WORLD_SIZE = 4
 REPEATS = 30
