@@ -78,8 +78,10 @@ lab: setup
 
 # pytest-xdist: TEST_WORKERS processes run the tests at once (auto: one a core, at most 4; tests/conftest.py),
 # each notebook run on its own, each other test file whole; TEST_WORKERS=0 runs everything in this one process.
+# Each worker runs on its own share of the cores (tests/conftest.py), and the longest notebooks start first:
+# --no-loadscope-reorder keeps that order (by default xdist starts the test files with the most tests first).
 TEST_WORKERS ?= auto
-XDIST = -n $(TEST_WORKERS) --dist loadgroup
+XDIST = -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test: setup
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)

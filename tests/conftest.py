@@ -109,6 +109,22 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(MAX_WORKERS, usable_cores()))
 
 
+def pytest_configure(config):
+    """Under pytest-xdist each worker runs on its own share of the cores (its CPU affinity, which its kernels,
+    rank servers, ranks and torchrun agents inherit, and which utils.hardware.usable_cores reads, so each launch
+    gives its ranks threads from that share only). Without it two notebooks at once fight over every core: each
+    launch sizes its threads for the whole machine, and a multi-threaded op waits for its slowest thread
+    (utils.perf.one_thread). Measured on 2 cores: lesson 11a took 74 s alone and 197 s beside another notebook
+    before; see the Makefile's test target for the suite's times."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if not worker or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= count:  # fewer cores than workers (a -n chosen by hand): nothing to share out
+        index = int(worker.removeprefix("gw"))
+        os.sched_setaffinity(0, cores[index * len(cores) // count:(index + 1) * len(cores) // count])
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the xdist_group marks set here
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`--dist loadgroup`, the Makefile's): each notebook run is a unit of its own, the
@@ -132,7 +148,8 @@ def pytest_collection_modifyitems(config, items):
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
     runs = [item for item in items if item.originalname == "test_notebook_runs"]
-    if runs and getattr(config.option, "numprocesses", None):
+    if runs and (getattr(config.option, "numprocesses", None) or os.environ.get("PYTEST_XDIST_WORKER")):
+        # (the workers collect and order the tests; the controller only hands them out, in the workers' order)
         first = sorted(runs, key=expected_seconds, reverse=True)
         items[:] = first + [item for item in items if item.originalname != "test_notebook_runs"]
 

@@ -100,6 +100,7 @@ def three_gpus(monkeypatch):
     monkeypatch.setattr(pf, "check_all_reduce", on_this_machine(pf.check_all_reduce))
     monkeypatch.setattr(pf, "_nvidia_smi_gpus", lambda: 3)
     monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(pf, "usable_cores", lambda: 16)  # a GPU box's cores: the verdict below is the GPUs' alone
 
     def probe(i):
         if i == 1:

@@ -89,7 +89,8 @@ def describe_torch(bin_python: Path) -> str:
 
 
 def run_suite(bin_python: Path, junit: Path, workers: str, pytest_args: list[str]) -> int:
-    cmd = [str(bin_python), "-m", "pytest", "-n", workers, "--dist", "loadgroup", f"--junitxml={junit}", *pytest_args]
+    cmd = [str(bin_python), "-m", "pytest", "-n", workers, "--dist", "loadgroup", "--no-loadscope-reorder",
+           f"--junitxml={junit}", *pytest_args]
     print("torch_suite:", " ".join(cmd), flush=True)
     return subprocess.run(cmd, cwd=ROOT).returncode
 
