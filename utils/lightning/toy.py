@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from utils.datasets import digits_in_order
 from utils.sharding.memory import state_bytes
-from utils.models import ToyNet
+from utils.models import make_model as _seeded_model
 from utils.sharding.fsdp2 import shard_with_fsdp2
 
 __all__ = ["GLOBAL_BATCH", "LR", "LitToy", "digits_in_order", "early_stopping_data", "early_stopping_run", "fit_in_ranks",
@@ -53,8 +53,7 @@ def make_model(seed=0):
     reset the generator that the shuffles and the DataLoader workers' seeds are drawn from.
     """
     with torch.random.fork_rng(devices=[]):  # CPU generator only; restored on exit
-        torch.manual_seed(seed)  # ToyNet's frozen input_scale and buffer input_shift are random too
-        return ToyNet()
+        return _seeded_model(seed)  # utils.models' builder, which seeds the generator
 
 
 class LitToy(L.LightningModule):
