@@ -13,7 +13,7 @@ import time
 
 import torch
 
-__all__ = ["synchronize", "measure", "best_seconds", "one_thread"]
+__all__ = ["synchronize", "stopwatch", "measure", "best_seconds", "one_thread"]
 
 
 def synchronize():
@@ -21,6 +21,31 @@ def synchronize():
     run), and asking ``is_initialized`` first leaves CUDA alone there."""
     if torch.cuda.is_initialized():
         torch.cuda.synchronize()
+
+
+class Stopwatch:
+    """What ``stopwatch`` yields: ``seconds`` is ``None`` inside the block and the interval once it has ended."""
+
+    def __init__(self):
+        self.seconds = None
+
+
+@contextlib.contextmanager
+def stopwatch(sync=synchronize, clock=time.perf_counter):
+    """The wall time of one interval, as the notebook sees it: ``with stopwatch() as clock: ...``, then
+    ``clock.seconds``.
+
+    The right tool for one launch or one cell's work, timed once: the ranks' process start-up, imports and
+    rendezvous included, because that is what the learner waits for. Steps of a loop are ``measure``'s business
+    (warm-up, steady state, one interval per step or per run). ``sync`` runs before the clock is read at both ends,
+    so that queued GPU kernels land in the interval they belong to; an exception inside the block leaves
+    ``seconds`` at ``None``. ``sync`` and ``clock`` are parameters so that a test can hand in a fake clock."""
+    watch = Stopwatch()
+    sync()
+    start = clock()
+    yield watch
+    sync()
+    watch.seconds = clock() - start
 
 
 def measure(step, steps, warmup=0, *, each=False, before=None, sync=synchronize, clock=time.perf_counter):
