@@ -111,11 +111,11 @@ CLOCK_CELLS = {
     ("05a_tensor_parallelism.ipynb", "ff2a94e2"): "time.time(): busy intervals of every rank, one timeline",
     ("05a_tensor_parallelism.ipynb", "5fc9f78c"): "time.time(): a run's start and end on the timeline",
     ("07a_deepspeed_config.ipynb", "16f1c97a"): "time.monotonic(): the first DeepSpeed cells' time, across cells",
-    ("07a_deepspeed_config.ipynb", "7fb5115e"): "time.monotonic(): ... read two cells later",
+    ("07a_deepspeed_config.ipynb", "7fb5115e"): "time.monotonic(): ... read in the launch cell, four cells below",
     ("11a_failures_and_resume.ipynb", "fa0fd0a2"): "time.monotonic(): how long a restart has stalled, polled",
 }
-OWN_TIMER = re.compile(r"\bperf_counter\b")
-OWN_CLOCK = re.compile(r"\btime\.time\(|\bmonotonic\b")
+OWN_TIMER = re.compile(r"\bperf_counter(_ns)?\b|\bdefault_timer\b|%%?timeit?\b")
+OWN_CLOCK = re.compile(r"\btime\.time(_ns)?\(|\bmonotonic\b|\bfrom time import\b")
 
 
 @pytest.mark.parametrize("path", course_notebooks(), ids=lambda p: p.name)
@@ -131,6 +131,20 @@ def test_notebook_times_with_the_perf_home(path):
             assert (path.name, c.get("id")) in CLOCK_CELLS, (
                 f"{path.name}, cell {c.get('id')} reads time.time / time.monotonic: use utils.perf.stopwatch, or "
                 "name the cell and the reason in CLOCK_CELLS (tests/test_project.py)")
+
+
+def test_clock_cells_still_read_a_clock():
+    """An allowed cell that no longer reads a clock (edited, or its id gone) leaves CLOCK_CELLS: no stale permit."""
+    cells = {(path.name, c.get("id")): "".join(c["source"]) for path in course_notebooks()
+             for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"}
+    stale = [key for key in CLOCK_CELLS if not OWN_CLOCK.search(cells.get(key, ""))]
+    assert not stale, f"CLOCK_CELLS names cells that read no clock (any more): {stale}; remove them"
+
+
+@pytest.mark.parametrize("planted", ["t = time.perf_counter_ns()", "from timeit import default_timer",
+                                     "%timeit f()", "t = time.time_ns()", "from time import time"])
+def test_the_clock_guard_sees_other_spellings(planted):
+    assert OWN_TIMER.search(planted) or OWN_CLOCK.search(planted), planted
 
 
 def test_layout():

@@ -1,4 +1,4 @@
-"""Performance measured one way for the whole course (lessons 08b, 08d, 09b): ``measure`` (``stopwatch`` for one
+"""Performance measured one way for the whole course (most lessons: utils/perf/measure.py names them): ``measure`` (``stopwatch`` for one
 interval, the one warm-up / synchronise / time loop, ``best_seconds`` for variants timed in turns, ``one_thread``),
 ``peaks`` (the data sheets' dense bf16 peaks in one table, and a peak measured with matmuls where no data sheet
 applies), ``mfu`` (model FLOPs utilisation from tokens per second) and ``configs`` (the Llama of lessons 08d and 09

@@ -1,5 +1,6 @@
-"""The course's one timing loop: warm up, wait for the device, time, wait again (lessons 08b, 08d and 09b time
-with it; lesson 08b derives ``best_seconds`` and ``one_thread``, notebooks/08b_lightning_speedups.ipynb).
+"""The course's one timing home: ``measure`` (warm up, wait for the device, time, wait again), ``stopwatch`` (one
+interval) and ``best_seconds`` (variants in turns). Most lessons time with them (00, 01b-04b, 06b-11b, 13b and
+labs 01a/01b); lesson 08b derives ``best_seconds`` and ``one_thread``, notebooks/08b_lightning_speedups.ipynb.
 
 Two rules hold every timing in the course. A GPU runs behind Python: a kernel launched is not a kernel done, so the
 clock is read only after ``synchronize``. And the first calls are not the steady state (allocations, cuBLAS's choice
@@ -35,8 +36,8 @@ def stopwatch(sync=synchronize, clock=time.perf_counter):
     """The wall time of one interval, as the notebook sees it: ``with stopwatch() as clock: ...``, then
     ``clock.seconds``.
 
-    The right tool for one launch or one cell's work, timed once: the ranks' process start-up, imports and
-    rendezvous included, because that is what the learner waits for. Steps of a loop are ``measure``'s business
+    One interval, timed once, in the kernel or in a rank: it holds whatever the block holds (around a launch, the
+    ranks' start-up, imports and rendezvous: what the learner waits for). Steps of a loop are ``measure``'s business
     (warm-up, steady state, one interval per step or per run). ``sync`` runs before the clock is read at both ends,
     so that queued GPU kernels land in the interval they belong to; an exception inside the block leaves
     ``seconds`` at ``None``. ``sync`` and ``clock`` are parameters so that a test can hand in a fake clock."""
