@@ -1,5 +1,6 @@
-"""utils.perf, the course's one home for timing: the measure loop (on a fake clock), best_seconds, one_thread, the
-peak table and its lookup, the measured peak, MFU's formula, and the Llama built from the planner's shape."""
+"""utils.perf, the course's one home for timing: the stopwatch and the measure loop (on a fake clock), best_seconds,
+one_thread, the peak table and its lookup, the measured peak, MFU's formula, and the Llama built from the planner's
+shape."""
 
 import time
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from utils.perf import (PEAK_BF16, best_seconds, bf16_peak, llama_config, llama_shape, matmul_peak, measure, mfu,
-                        one_thread, table_peak)
+                        one_thread, stopwatch, table_peak)
 from utils.planner import ModelShape, flops_per_token
 
 
@@ -23,6 +24,28 @@ class FakeClock:
 
     def sync(self):
         self.log.append(("sync", self.now))
+
+
+def test_stopwatch_times_one_interval_between_two_syncs():
+    clock = FakeClock()
+    clock.now = 10.0
+    with stopwatch(sync=clock.sync, clock=clock) as watch:
+        assert watch.seconds is None  # no interval yet inside the block
+        clock.now += 2.5  # the work: a launch, process start-up included
+    assert watch.seconds == 2.5
+    assert [k for k, _ in clock.log] == ["sync", "clock", "sync", "clock"], clock.log  # the device waited for first
+
+
+def test_stopwatch_leaves_seconds_unset_when_the_block_raises():
+    clock = FakeClock()
+    with pytest.raises(RuntimeError, match="rank 1"):
+        with stopwatch(sync=clock.sync, clock=clock) as watch:
+            clock.now += 1.0
+            raise RuntimeError("rank 1 failed")
+    assert watch.seconds is None  # a failed interval is no measurement
+    with stopwatch() as real:  # the real clock and synchronize: a CPU run has no CUDA to wait for
+        time.sleep(0.01)
+    assert real.seconds >= 0.01
 
 
 def test_measure_one_interval_warms_up_then_averages():

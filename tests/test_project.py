@@ -103,6 +103,50 @@ def test_notebook_has_no_output_widget(path):
     assert not found, f"{path.name} uses {found.group(0)!r}: an Output widget can hang papermill (see the docstring)"
 
 
+# The cells that may read a clock themselves, and why: stopwatch / measure time an interval on one process, these
+# need a timestamp every process reads alike, or an interval that spans cells.
+CLOCK_CELLS = {
+    ("01a_point_to_point_and_collectives.ipynb", "3fa1a396"): "time.time(): ranks' arrivals on one shared clock",
+    ("05a_tensor_parallelism.ipynb", "b0ca445b"): "time.time(): timeline stamps, one clock for all ranks",
+    ("05a_tensor_parallelism.ipynb", "ff2a94e2"): "time.time(): busy intervals of every rank, one timeline",
+    ("05a_tensor_parallelism.ipynb", "5fc9f78c"): "time.time(): a run's start and end on the timeline",
+    ("07a_deepspeed_config.ipynb", "16f1c97a"): "time.monotonic(): the first DeepSpeed cells' time, across cells",
+    ("07a_deepspeed_config.ipynb", "7fb5115e"): "time.monotonic(): ... read in the launch cell, four cells below",
+    ("11a_failures_and_resume.ipynb", "fa0fd0a2"): "time.monotonic(): how long a restart has stalled, polled",
+}
+OWN_TIMER = re.compile(r"\bperf_counter(_ns)?\b|\bdefault_timer\b|%%?timeit?\b")
+OWN_CLOCK = re.compile(r"\btime\.time(_ns)?\(|\bmonotonic\b|\bfrom time import\b")
+
+
+@pytest.mark.parametrize("path", course_notebooks(), ids=lambda p: p.name)
+def test_notebook_times_with_the_perf_home(path):
+    """One timing home (issue 35): an interval is ``utils.perf.stopwatch``, steps are ``measure`` or
+    ``best_seconds``; a wall clock read by hand only in the cells of ``CLOCK_CELLS``, which say why."""
+    for c in json.loads(path.read_text())["cells"]:
+        source = "".join(c["source"]) if c["cell_type"] == "code" else ""
+        assert not OWN_TIMER.search(source), (
+            f"{path.name}, cell {c.get('id')}: time.perf_counter in a cell; use utils.perf.stopwatch (one interval), "
+            "measure (steps) or best_seconds (variants in turns)")
+        if OWN_CLOCK.search(source):
+            assert (path.name, c.get("id")) in CLOCK_CELLS, (
+                f"{path.name}, cell {c.get('id')} reads time.time / time.monotonic: use utils.perf.stopwatch, or "
+                "name the cell and the reason in CLOCK_CELLS (tests/test_project.py)")
+
+
+def test_clock_cells_still_read_a_clock():
+    """An allowed cell that no longer reads a clock (edited, or its id gone) leaves CLOCK_CELLS: no stale permit."""
+    cells = {(path.name, c.get("id")): "".join(c["source"]) for path in course_notebooks()
+             for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"}
+    stale = [key for key in CLOCK_CELLS if not OWN_CLOCK.search(cells.get(key, ""))]
+    assert not stale, f"CLOCK_CELLS names cells that read no clock (any more): {stale}; remove them"
+
+
+@pytest.mark.parametrize("planted", ["t = time.perf_counter_ns()", "from timeit import default_timer",
+                                     "%timeit f()", "t = time.time_ns()", "from time import time"])
+def test_the_clock_guard_sees_other_spellings(planted):
+    assert OWN_TIMER.search(planted) or OWN_CLOCK.search(planted), planted
+
+
 def test_layout():
     for name in ("notebooks", "labs", "utils", "data", "tests", "environment.yml", "README.md",
                  "pyproject.toml", "Makefile", ".ci/run", ".gitignore"):

@@ -38,9 +38,10 @@ this map names every folder and every module (a test holds both to it).
   backward split in two, ZB-H1; 06c) (notebooks 06a, 06b).
 - ``utils.deepspeed``: DeepSpeed without a compiler (``cpu``), its config checked (``schema``, ``config``), lesson
   07's shared launch pieces (``training``) and the ZeRO optimizer's partitions (``partitions``) (notebooks 07a-07c).
-- ``utils.perf``: timing and MFU, one way for every lesson: ``measure`` (the warm-up / synchronise / time loop,
-  ``best_seconds``, ``one_thread``), ``peaks`` (the data sheets' dense bf16 peaks, one table, and a measured peak),
-  ``mfu``, ``configs`` (a Llama built from the planner's ``ModelShape``) (notebooks 06b, 07c, 08b, 08d, 09a-09c).
+- ``utils.perf``: timing and MFU, one way for every lesson: ``measure`` (``stopwatch`` for one interval, the
+  warm-up / synchronise / time loop, ``best_seconds``, ``one_thread``), ``peaks`` (the data sheets' dense bf16
+  peaks, one table, and a measured peak), ``mfu``, ``configs`` (a Llama built from the planner's ``ModelShape``)
+  (most lessons time with ``stopwatch`` and ``measure``; MFU and peaks in 08b, 08d, 09a-09c).
 - ``utils.lightning``: ``toy`` (``LitToy`` and its runs), ``ddp_notebook``, ``compile_check``, ``gpt_benchmark``
   (notebooks 02, 08a, 08b), ``accumulation``, ``model_parallel`` and ``gpu_strategies`` (08c).
 - ``utils.mesh``: ``mesh3d``, ``plan3d``, ``parallelize3d`` and ``mfu``: the 3-D mesh, a run of the tiny Llama as the

@@ -1,5 +1,6 @@
-"""The course's one timing loop: warm up, wait for the device, time, wait again (lessons 08b, 08d and 09b time
-with it; lesson 08b derives ``best_seconds`` and ``one_thread``, notebooks/08b_lightning_speedups.ipynb).
+"""The course's one timing home: ``measure`` (warm up, wait for the device, time, wait again), ``stopwatch`` (one
+interval) and ``best_seconds`` (variants in turns). Most lessons time with them (00, 01b-04b, 06b-11b, 13b and
+labs 01a/01b); lesson 08b derives ``best_seconds`` and ``one_thread``, notebooks/08b_lightning_speedups.ipynb.
 
 Two rules hold every timing in the course. A GPU runs behind Python: a kernel launched is not a kernel done, so the
 clock is read only after ``synchronize``. And the first calls are not the steady state (allocations, cuBLAS's choice
@@ -13,7 +14,7 @@ import time
 
 import torch
 
-__all__ = ["synchronize", "measure", "best_seconds", "one_thread"]
+__all__ = ["synchronize", "stopwatch", "measure", "best_seconds", "one_thread"]
 
 
 def synchronize():
@@ -21,6 +22,31 @@ def synchronize():
     run), and asking ``is_initialized`` first leaves CUDA alone there."""
     if torch.cuda.is_initialized():
         torch.cuda.synchronize()
+
+
+class Stopwatch:
+    """What ``stopwatch`` yields: ``seconds`` is ``None`` inside the block and the interval once it has ended."""
+
+    def __init__(self):
+        self.seconds = None
+
+
+@contextlib.contextmanager
+def stopwatch(sync=synchronize, clock=time.perf_counter):
+    """The wall time of one interval, as the notebook sees it: ``with stopwatch() as clock: ...``, then
+    ``clock.seconds``.
+
+    One interval, timed once, in the kernel or in a rank: it holds whatever the block holds (around a launch, the
+    ranks' start-up, imports and rendezvous: what the learner waits for). Steps of a loop are ``measure``'s business
+    (warm-up, steady state, one interval per step or per run). ``sync`` runs before the clock is read at both ends,
+    so that queued GPU kernels land in the interval they belong to; an exception inside the block leaves
+    ``seconds`` at ``None``. ``sync`` and ``clock`` are parameters so that a test can hand in a fake clock."""
+    watch = Stopwatch()
+    sync()
+    start = clock()
+    yield watch
+    sync()
+    watch.seconds = clock() - start
 
 
 def measure(step, steps, warmup=0, *, each=False, before=None, sync=synchronize, clock=time.perf_counter):
