@@ -18,12 +18,11 @@ kernel (one process) or in every rank of ``run_ranks`` under ``strategy="ddp"`` 
 already exist, as lesson 08a showed, instead of launching its own).
 """
 
-import time
-
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from ..perf.measure import stopwatch
 from .toy import LitToy, quiet_lightning, quiet_trainer
 
 __all__ = ["LitAccumulate", "fit_accumulating"]
@@ -62,8 +61,7 @@ def fit_accumulating(train_data, steps, micro_batches, global_batch, lr):
     trainer = quiet_trainer(accelerator="cpu", devices=world, strategy="ddp" if dist.is_initialized() else "auto",
                             max_steps=steps, accumulate_grad_batches=micro_batches, enable_checkpointing=False,
                             limit_val_batches=0)
-    start = time.perf_counter()
-    trainer.fit(model)
+    with stopwatch() as clock:
+        trainer.fit(model)
     return dict(losses=model.losses, weights={k: v.detach().clone() for k, v in model.net.state_dict().items()},
-                optimizer_steps=trainer.global_step, allreduces=model.allreduces,
-                seconds=time.perf_counter() - start)
+                optimizer_steps=trainer.global_step, allreduces=model.allreduces, seconds=clock.seconds)

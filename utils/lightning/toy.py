@@ -37,6 +37,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from utils.datasets import digits_in_order
 from utils.sharding.memory import state_bytes
 from utils.models import make_model as _seeded_model
+from utils.perf.measure import stopwatch
 from utils.sharding.fsdp2 import shard_with_fsdp2
 
 __all__ = ["GLOBAL_BATCH", "LR", "LitToy", "digits_in_order", "early_stopping_data", "early_stopping_run", "fit_in_ranks",
@@ -206,8 +207,7 @@ def early_stopping_run(train, val, stop_early, devices, max_epochs, patience):
     model = LitToy(train, val, global_batch=60, lr=0.01, optimizer="adam", out_dir=out_dir)
     trainer = quiet_trainer(accelerator="cpu", devices=devices, strategy="ddp_notebook", max_epochs=max_epochs,
                             callbacks=callbacks, num_sanity_val_steps=0)
-    start = time.perf_counter()
-    fit_on_forked_ranks(trainer, model)  # ranks forked from a clean helper process (utils/lightning/ddp_notebook.py)
-    seconds = time.perf_counter() - start
-    print(f"  (a fit {'with' if stop_early else 'without'} EarlyStopping: {seconds:.1f} s)", flush=True)  # progress
-    return trainer, read_ranks(out_dir), seconds, ckpt_dir
+    with stopwatch() as clock:
+        fit_on_forked_ranks(trainer, model)  # ranks forked from a clean process (utils/lightning/ddp_notebook.py)
+    print(f"  (a fit {'with' if stop_early else 'without'} EarlyStopping: {clock.seconds:.1f} s)", flush=True)
+    return trainer, read_ranks(out_dir), clock.seconds, ckpt_dir

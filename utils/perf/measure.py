@@ -1,6 +1,7 @@
 """The course's one timing home: ``measure`` (warm up, wait for the device, time, wait again), ``stopwatch`` (one
-interval) and ``best_seconds`` (variants in turns). Most lessons time with them (00, 01b-04b, 06b-11b, 13b and
-labs 01a/01b); lesson 08b derives ``best_seconds`` and ``one_thread``, notebooks/08b_lightning_speedups.ipynb.
+interval) and ``best_seconds`` (variants in turns). Lessons 00, 01b, 02b, 03, 04a, 04b, 06b-07c, 08a, 08b, 08d,
+09a-11b, 13b and labs 01a and 01b time with them, and so do utils.lightning's runs; lesson 08b derives
+``best_seconds`` and ``one_thread``, notebooks/08b_lightning_speedups.ipynb.
 
 Two rules hold every timing in the course. A GPU runs behind Python: a kernel launched is not a kernel done, so the
 clock is read only after ``synchronize``. And the first calls are not the steady state (allocations, cuBLAS's choice
