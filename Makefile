@@ -1,5 +1,5 @@
 # The course's commands. `make lab` opens the course, `make test` runs every test; both set up
-# .venv first, and set-up is a no-op (seconds) until pyproject.toml changes.
+# .venv first, and set-up is a no-op (seconds) until pyproject.toml or this Makefile changes.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -46,7 +46,7 @@ TORCH_NOT_SEEN += virtual environment? Then install the course into that environ
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 11) <= v <= (3, 12) else \
 	  "The course needs Python 3.11 or 3.12, but $(PYTHON) is %d.%d: run make PYTHON=python3.11 ..." % v)'
 ifeq ($(SYSTEM_TORCH),)
@@ -61,6 +61,11 @@ else
 	$(BIN)/python -m pip install --quiet --constraint $(VENV)/system-torch.txt --requirement $(VENV)/pins-but-torch.txt
 	$(BIN)/python -m pip install --quiet --no-deps --editable .
 endif
+	@# jsonschema 4.26 imports rfc3987-syntax at start-up where it is installed (jupyter-events asks for it), which
+	@# builds a Lark grammar: ~2 s of CPU in every process that imports nbformat (papermill's per notebook, nbconvert,
+	@# the grader), jsonschema issue #1428. Only jsonschema's "iri" format checks use it, and no schema installed here
+	@# has that format: removed (tests/test_project.py checks that it is gone).
+	$(BIN)/python -m pip uninstall --quiet --yes rfc3987-syntax 2>/dev/null || true
 	@# The course's own kernel, inside .venv; JUPYTER_PATH (below, and tests/conftest.py) puts it first,
 	@# so a user-wide "python3" kernel from another environment cannot take its place.
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (distributed course)" >/dev/null

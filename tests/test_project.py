@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from pathlib import Path
 
 import pytest
 from utils.course.notebook_runner import ROOT, course_notebooks
@@ -71,6 +72,23 @@ def _tracked_notebooks():
     tracked = [ROOT / p for p in out.stdout.split()] if out.returncode == 0 else []
     tracked = [p for p in tracked if p.exists()]  # a notebook deleted or renamed but not yet committed is not one
     return sorted(set(tracked) | set(course_notebooks()))  # about to be committed counts too
+
+
+def test_setup_removes_the_slow_iri_checker():
+    """`make setup` uninstalls rfc3987-syntax (the Makefile says why): in the .venv it made, nothing that imports
+    nbformat builds its grammar. Elsewhere (another environment, or one that sees the system's packages, where pip
+    leaves the system's copy alone) this says so and skips."""
+    import importlib.util
+
+    if Path(sys.prefix).resolve() != (ROOT / ".venv").resolve():
+        pytest.skip(f"{sys.prefix} is not the .venv that `make setup` makes")
+    spec = importlib.util.find_spec("rfc3987_syntax")
+    if spec is not None and not Path(spec.origin).resolve().is_relative_to(Path(sys.prefix).resolve()):
+        pytest.skip(f"rfc3987_syntax comes from outside .venv ({spec.origin}): pip does not remove it from there")
+    loaded = subprocess.run([sys.executable, "-c", "import sys, nbformat; print('rfc3987_syntax' in sys.modules)"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    assert spec is None and loaded == "False", \
+        f"rfc3987-syntax is installed in {sys.prefix} ({spec.origin if spec else ''}): `make setup` removes it"
 
 
 @pytest.mark.parametrize("path", _tracked_notebooks(), ids=lambda p: p.name)
