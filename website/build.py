@@ -145,7 +145,10 @@ def build(out: Path, executed: Path | None = None, strict: bool = False, folders
         "theme": {"name": "material", "features": ["navigation.sections", "navigation.footer"]},
         "extra_css": ["site.css"],
         "hooks": [str(HERE / "hooks.py")],
-        "plugins": [{"mkdocs-jupyter": {"include_source": True, "ignore_h1_titles": False,
+        # Only notebooks become pages: the .py files the lessons link to (scripts, utils, solutions) are copied as
+        # they are, so a link opens the source itself. mkdocs-jupyter's default ("*.py" too) rendered each one
+        # through nbconvert as well: 161 more pages, 58% of the build's CPU time (103 s -> 43 s, measured).
+        "plugins": [{"mkdocs-jupyter": {"include": ["*.ipynb"], "include_source": True, "ignore_h1_titles": False,
                                         "include_requirejs": False, "execute": False}}],
         "markdown_extensions": ["tables", "attr_list", "md_in_html", "pymdownx.arithmatex"],
         "validation": {"links": {"not_found": "warn", "anchors": "ignore"}},
