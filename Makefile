@@ -121,8 +121,8 @@ guide: setup  ## rewrites TEACHING.md, the teacher's guide, from the measured mi
 	$(BIN)/python -m utils.course.teaching_guide
 
 .PHONY: test-matrix
-test-matrix: setup  ## every notebook at every WORLD_SIZE from 1 to 6 it supports (metadata.course.world_sizes; long)
-	$(BIN)/python -m pytest $(XDIST) -m notebook --world-sizes=1,2,3,4,5,6 $(PYTEST_ARGS)
+test-matrix: setup  ## every notebook at every WORLD_SIZE from 1 to 8 it supports (metadata.course.world_sizes; long)
+	$(BIN)/python -m pytest $(XDIST) -m notebook --world-sizes=1,2,3,4,5,6,7,8 $(PYTEST_ARGS)
 
 # Another torch (a new release, before it joins utils/torch_versions.py's range): its own environment (TORCH_VENV,
 # made once, reused), the whole suite there, and build/torch-$(TORCH)/report.md: the notebooks, claim pointers and

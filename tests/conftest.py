@@ -69,8 +69,8 @@ def kernel():
 
 
 def pytest_addoption(parser):
-    # "suite": each notebook at the sizes its metadata.course.suite_world_sizes names (2 or 3, an odd size
-    # where uneven shards are the lesson; the capstone at 4 and 8). `make test-matrix` runs 1 to 6.
+    # "suite": each notebook at the size its metadata.course.suite_world_sizes names (2, 3 where uneven shards
+    # are the lesson, 4 or 8 where the lesson needs them; README, "make test"). `make test-matrix` runs 1 to 8.
     parser.addoption("--world-sizes", default="suite",
                      help="comma-separated WORLD_SIZE values every notebook is executed with, or 'suite' "
                           "(default): each notebook at its metadata.course.suite_world_sizes")

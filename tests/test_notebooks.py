@@ -3,7 +3,7 @@
 A notebook is a test: its asserts are the claims of the lesson. Parameters injected into the cell
 tagged ``parameters``: SMOKE=True (tiny sizes) and WORLD_SIZE, once per size of ``--world-sizes``
 (conftest.py: by default the sizes in each notebook's ``metadata.course.suite_world_sizes``, else 2;
-``pytest --world-sizes=1,2,3,4,5,6`` for the full matrix); labs also get
+``pytest --world-sizes=1,2,3,4,5,6,7,8`` for the full matrix); labs also get
 USE_REFERENCE=True, so that their checker runs on the reference solution (tests/checkers/ feeds
 it wrong ones). A notebook whose lesson cannot use a size lists the sizes it can in
 ``metadata.course.world_sizes``: the other sizes are skipped here, and the notebook itself raises
