@@ -230,7 +230,7 @@ def test_a_fix_with_wrong_numbers_is_rejected(program, fix):
 
 def test_a_fix_that_crashes_is_rejected_with_its_traceback():
     expect_rejection(check_fix, "E", "wrong_device", ddp_still_on_the_wrong_device, world_sizes=(2,),
-                     mistake="crash", phrase="device_ids")
+                     mistake="raised", phrase="device_ids")
 
 
 def test_references_of_uneven_data_differ():

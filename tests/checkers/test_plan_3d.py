@@ -126,7 +126,7 @@ def own_bug(model, cluster, n_gpus, global_batch, precision, cap):
     (tp_everywhere, "tp_across_nodes", "inside a node"),
     (one_node, "mesh_size", "dp * tp * pp must equal n_gpus"),
     (changes_precision, "job_changed", "precision=precision"),
-    (own_bug, "crash", "KeyError"),
+    (own_bug, "raised", "KeyError"),
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_choose_plan_rejects(wrong, mistake, phrase):
     expect_rejection(check_choose_plan, wrong, mistake=mistake, phrase=phrase)
