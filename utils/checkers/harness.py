@@ -65,10 +65,12 @@ def answer_line(exc):
     return f"{filename}, line {line}" + (f": {source}" if source else "")
 
 
+NO_LINE = "(no line of your code in the traceback: it was raised in a library your code called)"
+
+
 def _told(exc, where):
     line = answer_line(exc)
-    return f"in {where}: {exc}" + (f"\n  at {line}" if line else "\n  (no line of your code in the traceback: "
-                                                             "it was raised in a library your code called)")
+    return f"in {where}: {exc}\n  " + (f"at {line}" if line else NO_LINE)
 
 
 def caught(exc, where):
@@ -80,8 +82,12 @@ def caught(exc, where):
 
 
 def first_error(ranks):
-    """The report of the lowest rank that caught an error (``ranks``: dicts with an "error" entry), or None."""
-    return next((r["error"] for r in ranks if r.get("error")), None)
+    """The report of the lowest rank that caught an error (``ranks``: dicts with an "error" entry), or None.
+
+    An error raised in the learner's own code comes first: when rank 1's answer raises, rank 0, waiting for it
+    in a collective, fails too ("Connection reset by peer"), and that is not the learner's line to read."""
+    errors = [r["error"] for r in ranks if r.get("error")]
+    return next((e for e in errors if NO_LINE not in e[2]), errors[0] if errors else None)
 
 
 def raise_if_error(error, world_size, hints, phrases=(), mistake_of=None):
