@@ -13,7 +13,7 @@ So ``observe(callback)`` replaces those methods (and the same ones of the ``Back
   through its logging and deprecation decorators: ``all_gather_into_tensor``, not the ``all_gather_single`` it
   calls; ``isend`` inside ``batch_isend_irecv``), or the method's own collective when called directly
   (``group.allreduce`` is ``all_reduce``). None when the call is torch's own machinery: an object collective
-  (``all_gather_object``), ``new_group``, FSDP: those went unrecorded before, and still do;
+  (``all_gather_object``), ``new_group``, FSDP, DDP's constructor: those went unrecorded before, and still do;
 - ``group`` (its ``size()`` is the number of ranks), ``method``, ``args`` and ``seconds`` in the method (for a
   synchronous collective, the wait that ``torch.distributed`` does after it is not included).
 
@@ -52,6 +52,7 @@ OPS = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single"
        "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single", "broadcast", "reduce",
        "gather", "scatter", "send", "isend", "recv", "irecv", "barrier")
 ENTRIES = frozenset(OPS) | {"batch_isend_irecv"}
+_TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _TORCH_DIST = os.path.dirname(os.path.abspath(dist.__file__)) + os.sep
 _DECORATORS = ("typing_extensions.py", "warnings.py", "functools.py", "contextlib.py")  # between torch's frames
 _CLASSES = [cls for cls in (getattr(torch._C._distributed_c10d, name, None) for name in ("ProcessGroup", "Backend"))
@@ -91,15 +92,17 @@ def payload_bytes(call):
 
 
 def _entered(frame, method):
-    """The torch.distributed function the caller entered (see the module docstring), or None for torch's own."""
+    """The torch.distributed function the caller entered (see the module docstring), or None for torch's own.
+
+    The walk goes up through torch's frames (all of torch: DDP's Python side lives in torch/nn/parallel) and
+    the decorators between them, and stops at the first frame of other code: the answer, a lesson, a hook."""
     outermost, op = None, None
     while frame is not None:
-        filename = frame.f_code.co_filename
-        if filename.startswith(_TORCH_DIST):
-            name = frame.f_code.co_name
+        filename, name = frame.f_code.co_filename, frame.f_code.co_name
+        if filename.startswith(_TORCH):
             if name != "wrapper":  # c10d_logger's decorators
-                outermost = name
-                op = name if name in OPS else op
+                outermost = name if filename.startswith(_TORCH_DIST) else f"torch's {name}"
+                op = name if name in OPS and filename.startswith(_TORCH_DIST) else op
         elif not filename.endswith(_DECORATORS):
             break
         frame = frame.f_back
