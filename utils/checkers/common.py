@@ -24,7 +24,8 @@ import dataclasses
 import torch
 
 from ..launch import RankError, RankTimeoutError, run_ranks
-from .harness import GENERIC_HINT, RAISED_HINT, answer_line, caught, first_error, learner_call, raise_if_error  # noqa: F401
+from .harness import (GENERIC_HINT, RAISED_HINT, answer_line, caught, first_error, learner_call,  # noqa: F401
+                      raise_if_error)
 from .watch import TAMPER_HINT, watched_call  # noqa: F401 - every checker imports the harness from here
 
 # One set of tolerances for every checker. float32 sums taken in another order (shard means, then over

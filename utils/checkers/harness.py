@@ -114,7 +114,7 @@ def raise_if_error(error, world_size, hints, phrases=(), mistake_of=None):
 
 
 def learner_call(fn, *args, where, hints, phrases=(), let_through=(), mistake_of=None, world_size=None, **kwargs):
-    """In the kernel: ``fn(*args, **kwargs)``; an exception it raises becomes ``LabCheckFailed`` with the learner's line.
+    """In the kernel: ``fn(*args, **kwargs)``; an exception it raises is ``LabCheckFailed``, with the learner's line.
 
     ``where``: how the message names the call ("make_buckets(params, 1,000)"); ``hints``, ``phrases``: as for
     ``raise_if_error``; ``let_through``: exception classes the check itself expects and catches (lab 06's

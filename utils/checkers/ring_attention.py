@@ -193,7 +193,7 @@ def _case(seed, n):
 
 
 def _called_by_answer(frame, event, arg):
-    """In the ranks, where the ring itself is the lesson's: a call into it (or to SDPA) made *from* the answer's code."""
+    """In the ranks, where the ring itself is the lesson's: a call into it (or to SDPA) made *from* the answer."""
     lesson = ring_module.__file__.replace("\\", "/")
     if event == "call" and frame.f_code.co_filename.replace("\\", "/") == lesson and frame.f_back is not None \
             and is_learners(frame.f_back.f_code.co_filename):

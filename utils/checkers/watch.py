@@ -40,7 +40,7 @@ _THREADING = threading.__file__
 
 
 class Watcher:
-    """The hook: ``seen`` holds the first label ``forbidden(frame, event, arg)`` gave, ``tampered`` what switched it off.
+    """The hook: ``seen`` holds the first label ``forbidden(frame, event, arg)`` gave, ``tampered`` what turned it off.
 
     Use as a context manager around the learner's code; ``tampered`` is filled on exit too if the hook is gone."""
 
