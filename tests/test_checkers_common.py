@@ -91,3 +91,21 @@ def test_the_watcher_is_removed_from_every_thread_it_covered():
     with Watcher(lambda frame, event, arg: None) as watcher:
         pass  # (asking for the hook in here is what a tampering answer does)
     assert (sys.getprofile(), threading.getprofile()) == before and not watcher.tampered
+
+
+def test_a_graded_notebooks_line_is_quoted(tmp_path):
+    """The workshop grades a notebook read by answers_from_notebook: its cells' lines are quoted from linecache."""
+    import nbformat
+
+    from utils.checkers.labs import LABS, answers_from_notebook
+
+    cell = ("def interleaved_one_f_one_b(rank, ranks, microbatches, chunks):\n"
+            "    if microbatches % ranks:\n"
+            "        raise ValueError(f'{microbatches} micro-batches on {ranks} ranks')\n"
+            "    return [][rank]  # planted in a notebook\n")
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)])
+    path = tmp_path / "06_pipeline_lab.ipynb"
+    nbformat.write(notebook, str(path))
+    rejected = expect_rejection(LABS["06_pipeline_lab"].parts[0].run, answers_from_notebook(path), world_size=2,
+                                mistake="raised", phrase="06_pipeline_lab.ipynb, cell 0, line 4: return [][rank]")
+    assert "utils/checkers" not in str(rejected)
