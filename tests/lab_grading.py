@@ -6,7 +6,7 @@ and the reference solution's answers of a lab, by its names (``reference_answers
 
 The checker must raise ``LabCheckFailed`` whose ``.mistake`` is ``mistake`` (the classic mistake it
 recognised) and whose message contains ``phrase`` (typically words of the hint, so the learner is told
-what to fix). Returns the exception, for tests that look further.
+what to fix). Returns the exception, for tests that look further. ``expect_raised``: the answer raised in its own code.
 """
 
 import importlib
@@ -26,6 +26,16 @@ def expect_rejection(check, *args, mistake, phrase=None, **kwargs):
     if phrase is not None:
         assert phrase in str(failure.value), f"expected {phrase!r} in: {failure.value}"
     return failure.value
+
+
+def expect_raised(check, *args, line, **kwargs):
+    """The answer raises inside its own code: the checker names it ``raised``, quotes ``line`` (the answer's source
+    line, read back through linecache) and shows no frame of the checker's own code."""
+    __tracebackhide__ = True
+    rejected = expect_rejection(check, *args, mistake="raised", phrase=line, **kwargs)
+    assert "utils/checkers" not in str(rejected) and rejected.__cause__ is None and rejected.__context__ is None, \
+        f"a checker frame shows in: {rejected}"
+    return rejected
 
 
 def reference_answers(lab, root):

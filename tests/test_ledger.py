@@ -98,3 +98,29 @@ def test_single_tensor_collectives_are_recorded():
 
     s = run_ranks(run, world_size=2, verbose=False)[0]
     assert s["all_gather_single"]["payload_bytes"] == s["reduce_scatter_single"]["payload_bytes"] == 32
+
+
+# names imported before any ledger opens: the ledger must count calls through them too (utils.comm.process_group_calls)
+from torch.distributed import distributed_c10d  # noqa: E402
+from torch.distributed import irecv as early_irecv, isend as early_isend  # noqa: E402
+
+
+def test_calls_that_step_around_the_module_are_counted_once_under_their_name():
+    def run():
+        rank, n = dist.get_rank(), dist.get_world_size()
+        send, recv = torch.ones(6), torch.empty(6)
+        with CommLedger() as ledger:
+            distributed_c10d.all_reduce(torch.ones(100))  # not torch.distributed's attribute
+            works = [early_isend(send, (rank + 1) % n), early_irecv(recv, (rank - 1) % n)]  # imported before
+            for work in works:
+                work.wait()
+            ops = [dist.P2POp(early_isend, send, (rank + 1) % n), dist.P2POp(early_irecv, recv, (rank - 1) % n)]
+            for work in distributed_c10d.batch_isend_irecv(ops):  # torch's own batch, with torch's own isend
+                work.wait()
+            dist.all_reduce(torch.ones(10))  # through the wrapper: once, not again at the process group
+            dist.all_gather_object([None] * n, rank)  # torch's machinery, unrecorded before and now
+        return [(r.op, r.payload_bytes, r.wire_bytes) for r in ledger.records]
+
+    records = run_ranks(run, world_size=2, verbose=False)[0]
+    assert records == [("all_reduce", 400, 400.0), ("isend", 24, 24.0), ("irecv", 24, 0.0), ("isend", 24, 24.0),
+                       ("irecv", 24, 0.0), ("all_reduce", 40, 40.0)]

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from lab_grading import expect_rejection
+from lab_grading import expect_raised, expect_rejection
 from utils.course.notebook_runner import ROOT
 from utils.checkers.ddp import check_ddp, expected_buckets
 from utils.models import ToyNet
@@ -202,3 +202,16 @@ def test_the_two_bucket_rules_differ_only_at_the_cap():
     judge_buckets(sizes, [[5, 4, 3, 2, 1, 0]], 100, "one bucket")
     with pytest.raises(ValueError, match="torch DDP's"):
         reverse_buckets(sizes, 10, "deepspeed")
+
+
+# ------------------------------------------------------------------ an exception in the answer's own code
+
+
+class RaisesInInit:
+    def __init__(self, model, bucket_cap_bytes):
+        list(model.parameters())[99]  # planted: IndexError
+
+
+def test_an_exception_in_the_answer_is_named_with_its_line():
+    expect_raised(check_ddp, RaisesInInit, world_sizes=(2,), steps=1, caps=(1 << 20,),
+                  line="list(model.parameters())[99]  # planted")

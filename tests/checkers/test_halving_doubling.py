@@ -15,7 +15,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from lab_grading import expect_rejection
+from torch.distributed import irecv as early_irecv, isend as early_isend  # before any ledger
+
+from lab_grading import expect_raised, expect_rejection
 from utils.course.notebook_runner import ROOT
 from utils.comm.p2p import sendrecv
 from utils.comm.subgroup import chunk_bounds
@@ -325,3 +327,52 @@ def all_reduce_averaged(tensor, reduce_scatter):
 def test_all_reduce_rejects(wrong, world_sizes, mistake, phrase):
     expect_rejection(check_halving_doubling_all_reduce, wrong, world_sizes=world_sizes, timeout=10, mistake=mistake,
                      phrase=phrase)
+
+
+# ------------------------------------------------------------------ an exception in the answer's own code
+
+
+def halving_index_error(tensor):
+    flat = tensor.view(-1)
+    return flat[flat.numel()]  # planted: one past the end
+
+
+def doubling_assertion(tensor, ranks):
+    assert len(ranks) == 3, "planted: an assertion of the answer's own"
+
+
+def folded_shape_error(tensor, reduce_scatter):
+    tensor.view(-1) @ torch.ones(3, 3)  # planted: shapes that cannot be multiplied
+
+
+@pytest.mark.parametrize("check, wrong, line", [
+    (check_halving_reduce_scatter, halving_index_error, "return flat[flat.numel()]  # planted"),
+    (check_doubling_all_gather, doubling_assertion, 'assert len(ranks) == 3, "planted'),
+    (check_halving_doubling_all_reduce, folded_shape_error, "tensor.view(-1) @ torch.ones(3, 3)  # planted"),
+], ids=["halving IndexError", "doubling AssertionError", "folded shape RuntimeError"])
+def test_an_exception_in_the_answer_is_named_with_its_line(check, wrong, line):
+    expect_raised(check, wrong, world_sizes=(2,), line=line)
+
+
+def halving_with_early_names(tensor):
+    """The reference's algorithm, right, with isend / irecv imported at the top of the module, before any ledger."""
+    v, p = dist.get_rank(), dist.get_world_size()
+    flat = tensor.view(-1)
+    bounds = chunk_bounds(flat.numel(), p)
+    a, b, d = 0, p, p // 2
+    while d >= 1:
+        c = (a + b) // 2
+        keep, give = ((a, c), (c, b)) if v & d == 0 else ((c, b), (a, c))
+        mine, theirs = flat[bounds[keep[0]]:bounds[keep[1]]], flat[bounds[give[0]]:bounds[give[1]]]
+        incoming = torch.empty_like(mine)
+        works = ([early_isend(theirs, v ^ d)] if theirs.numel() else []) + \
+            ([early_irecv(incoming, v ^ d)] if incoming.numel() else [])
+        for work in works:
+            work.wait()
+        mine.add_(incoming)
+        (a, b), d = keep, d // 2
+
+
+def test_a_right_answer_with_names_imported_before_the_checker_passes():
+    """The ledger and the peer log count at the process group, where an early-imported isend arrives too."""
+    check_halving_reduce_scatter(halving_with_early_names, world_sizes=(2,))

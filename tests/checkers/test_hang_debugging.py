@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lab_grading import expect_rejection
+from lab_grading import expect_raised, expect_rejection
 from utils.course.notebook_runner import ROOT
 from utils import rank_device
 from utils.checkers.hang_debugging import (BUG_KINDS, LABS, PLANTED, PROGRAMS, check_diagnosis, check_fix, make_data,
@@ -230,7 +230,7 @@ def test_a_fix_with_wrong_numbers_is_rejected(program, fix):
 
 def test_a_fix_that_crashes_is_rejected_with_its_traceback():
     expect_rejection(check_fix, "E", "wrong_device", ddp_still_on_the_wrong_device, world_sizes=(2,),
-                     mistake="crash", phrase="device_ids")
+                     mistake="raised", phrase="device_ids")
 
 
 def test_references_of_uneven_data_differ():
@@ -239,3 +239,15 @@ def test_references_of_uneven_data_differ():
     weights = [per_rank[0]["weight"] for per_rank in wanted.values()]
     assert len(weights) == 3
     assert all(not torch.allclose(a, b) for i, a in enumerate(weights) for b in weights[i + 1:])
+
+
+# ------------------------------------------------------------------ an exception in the answer's own code
+
+
+def index_error(data):
+    return data[len(data)]  # planted: IndexError
+
+
+def test_an_exception_in_the_fix_is_named_with_its_line():
+    expect_raised(check_fix, "A", reference.DIAGNOSES["A"], index_error, world_sizes=(2,),
+                  line="return data[len(data)]  # planted")

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from lab_grading import expect_rejection
+from lab_grading import expect_raised, expect_rejection
 from utils.course.notebook_runner import ROOT
 from utils.checkers.pipeline_schedule import check_interleaved
 from utils.pipeline import bubble_fraction, idle_fraction, peak_in_flight, simulate
@@ -130,3 +130,14 @@ def test_interleaved_gpipe_computes_but_holds_every_chunk():
     assert [peak_in_flight(ops) for ops in orders] == [v * m] * p
 
 
+# ------------------------------------------------------------------ an exception in the answer's own code
+
+
+def index_error(rank, ranks, microbatches, chunks):
+    if microbatches % ranks:
+        raise ValueError(f"{microbatches} micro-batches on {ranks} ranks: use a multiple of {ranks}")
+    return [][rank]  # planted: IndexError
+
+
+def test_an_exception_in_the_answer_is_named_with_its_line():
+    expect_raised(check_interleaved, index_error, line="return [][rank]  # planted")

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from lab_grading import expect_rejection
+from lab_grading import expect_raised, expect_rejection
 from utils.course.notebook_runner import ROOT
 from utils.checkers import plan_3d
 from utils.checkers.plan_3d import CASES, TINY, TINY_BATCH, check_choose_plan, check_plan_run, tiny_cluster
@@ -126,7 +126,7 @@ def own_bug(model, cluster, n_gpus, global_batch, precision, cap):
     (tp_everywhere, "tp_across_nodes", "inside a node"),
     (one_node, "mesh_size", "dp * tp * pp must equal n_gpus"),
     (changes_precision, "job_changed", "precision=precision"),
-    (own_bug, "crash", "KeyError"),
+    (own_bug, "raised", "KeyError"),
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_choose_plan_rejects(wrong, mistake, phrase):
     expect_rejection(check_choose_plan, wrong, mistake=mistake, phrase=phrase)
@@ -180,3 +180,8 @@ def test_micro_batch_one_is_the_optimum_of_every_job():
         best = plan_3d.optimum(model, cluster, n_gpus, batch, precision, cap)[1]
         assert best.micro_batch == 1, f"{job}: the fastest plan uses micro_batch={best.micro_batch}: {best}"
     check_choose_plan(planted(mbs=(1,)))  # passes, as it should
+
+
+def test_an_exception_in_the_answer_is_named_with_its_line():
+    """own_bug's KeyError, raised in the answer's own line (not the planner's): that line is quoted."""
+    expect_raised(check_choose_plan, own_bug, line="budget[precision])")

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lab_grading import expect_rejection
+from lab_grading import expect_raised, expect_rejection
 from utils.course.notebook_runner import ROOT
 from utils.checkers.ring_attention import RING_HINTS, _partials, check_ring_attention
 from utils.context_parallel.ring import merge as the_lesson_merge
@@ -124,3 +124,24 @@ def test_a_merge_without_overflow_passes_the_merge_checks():
     from utils.checkers.ring_attention import check_merge
 
     assert len(check_merge(logaddexp_merge)) == 2
+
+
+# ------------------------------------------------------------------ an exception in the answer's own code
+
+
+def merge_shape_error(o1, l1, o2, l2):
+    return o1 @ o2, l1  # planted: a shape RuntimeError
+
+
+def merge_raising_in_the_ring(o1, l1, o2, l2):
+    if o1.dtype == torch.float64:  # the ring runs in float64, the merge checks in float32
+        raise IndexError("planted: only in the ring")
+    return merge(o1, l1, o2, l2)
+
+
+@pytest.mark.parametrize("wrong, line", [
+    (merge_shape_error, "return o1 @ o2, l1  # planted"),
+    (merge_raising_in_the_ring, 'raise IndexError("planted: only in the ring")'),
+], ids=["in the kernel", "in the ranks"])
+def test_an_exception_in_the_answer_is_named_with_its_line(wrong, line):
+    expect_raised(check_ring_attention, wrong, causal_block, world_sizes=(2,), line=line)

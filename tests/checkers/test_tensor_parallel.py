@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from lab_grading import expect_rejection
+from lab_grading import expect_raised, expect_rejection
 from utils.checkers.tensor_parallel import check_vocab_parallel_cross_entropy
 from utils.tensor_parallel import check_tp_degree, nearest_tp_degrees, valid_tp_degrees
 
@@ -141,3 +141,19 @@ def test_a_collective_only_one_rank_calls_is_a_deadlock():
                      mistake="deadlock", phrase="same all-reduces in the same order")
 
 
+# ------------------------------------------------------------------ an exception in the answer's own code
+
+
+class ShapeError(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, target):
+        return logits @ logits  # planted: (tokens, v/t) @ (tokens, v/t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, None
+
+
+def test_an_exception_in_the_answer_is_named_with_its_line():
+    expect_raised(check_vocab_parallel_cross_entropy, ShapeError, world_sizes=(2,),
+                  line="return logits @ logits  # planted")

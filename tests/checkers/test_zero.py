@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from lab_grading import expect_rejection
+from lab_grading import expect_raised, expect_rejection
 from utils.course.notebook_runner import ROOT
 from utils.comm import compat
 from utils.checkers.zero import check_bucketed_zero2, check_make_buckets
@@ -344,3 +344,22 @@ def test_wrong_make_buckets_is_reported_before_the_class():
                      mistake="bucket_overflow")
 
 
+# ------------------------------------------------------------------ an exception in the answer's own code
+
+
+def buckets_assert(params, bucket_numel):
+    assert bucket_numel > 10_000, "planted: an assertion of the answer's own"
+
+
+class ShapeErrorInStep(BucketedZeRO2):
+    def step(self):
+        torch.zeros(3) + torch.zeros(4)  # planted: a shape RuntimeError
+
+
+def test_an_exception_in_make_buckets_is_named_with_its_line():
+    expect_raised(check_make_buckets, buckets_assert, line='assert bucket_numel > 10_000, "planted')
+
+
+def test_an_exception_in_the_class_is_named_with_its_line():
+    expect_raised(check_bucketed_zero2, ShapeErrorInStep, make_buckets, world_sizes=(2,), bucket_numels=(1_000,),
+                  steps=1, line="torch.zeros(3) + torch.zeros(4)  # planted")

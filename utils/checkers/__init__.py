@@ -2,6 +2,10 @@
 
 - ``common``: how every lab grades an answer: ``LabCheckFailed`` (a named mistake and its hint),
   ``CheckResult``, ``fail``, the answer run on ranks with its errors brought back, one set of tolerances.
+- ``harness``: every call into learner code, in the kernel (``learner_call``) and in the ranks (``caught``): what
+  the answer raises is the mistake ``raised``, with the answer's own line.
+- ``watch``: the watcher of forbidden calls (``watched_call``, ``Watcher``), on every thread, refusing an answer
+  that switches it off (``tampered``).
 - ``halving_doubling``: what labs 01a and 01b share (the peer log, the cases, the pattern check, ``virtual_ranks``).
 - ``halving_reduce_scatter``: lab 01a, ``check_halving_reduce_scatter``.
 - ``doubling_all_gather``: lab 01b, ``check_doubling_all_gather``.

@@ -9,22 +9,24 @@ reference solution in ``labs/solutions/``: ``halving_doubling`` (labs 01a and 01
 says how to fix it. A stub that was never filled in raises its own ``NotImplementedError`` again,
 in the notebook, so a learner who runs the check too early is told to write code, not graded.
 
-The learner's code runs *inside* the ranks, where an exception would end the rank and hide what
-the other ranks saw. So a checker's rank function catches it and returns it as data,
-``caught(exc, where)``; the checker then looks at every rank's report at once and raises in the
-notebook with ``raise_if_error``. A hang or a crash outside the learner's code comes back from
-``launch_answer`` as a ``LabCheckFailed`` that says what a hang usually means in that lab.
+Every call into the learner's code goes through the harness (``utils.checkers.harness``, re-exported
+here): in the kernel ``learner_call``, which turns an exception the answer raises into the mistake
+``raised`` with the answer's own line; inside the ranks, where an exception would end the rank and hide
+what the other ranks saw, the checker's rank function catches it and returns it as data,
+``caught(exc, where)``, and the checker raises it in the notebook with ``raise_if_error``. Forbidden
+calls are refused on every thread by ``watched_call`` (``utils.checkers.watch``). A hang or a crash
+outside the learner's code comes back from ``launch_answer`` as a ``LabCheckFailed`` that says what a
+hang usually means in that lab.
 """
 
 import dataclasses
-import sys
 
 import torch
-import torch.distributed as dist
 
 from ..launch import RankError, RankTimeoutError, run_ranks
-
-GENERIC_HINT = "your code must run on every rank without error; read the message."
+from .harness import (GENERIC_HINT, RAISED_HINT, answer_line, caught, first_error, learner_call,  # noqa: F401
+                      raise_if_error)
+from .watch import TAMPER_HINT, watched_call  # noqa: F401 - every checker imports the harness from here
 
 # One set of tolerances for every checker. float32 sums taken in another order (shard means, then over
 # ranks; micro-batch gradients summed in another order) differ by ~1e-8 (seen); a few optimizer steps
@@ -73,34 +75,6 @@ def launch_answer(fn, args, world_size, timeout, name, hang_hint):
                              "error; read the traceback above.", world_size) from None
 
 
-def caught(exc, where):
-    """Inside a rank: what to report when the learner's code raised, as (rank, exception type, message)."""
-    return dist.get_rank(), type(exc).__name__, f"in {where}: {exc}"
-
-
-def first_error(ranks):
-    """The report of the lowest rank that caught an error (``ranks``: dicts with an "error" entry), or None."""
-    return next((r["error"] for r in ranks if r.get("error")), None)
-
-
-def raise_if_error(error, world_size, hints, phrases=()):
-    """In the notebook: re-raise a stub's NotImplementedError as itself, anything else as a named mistake.
-
-    ``phrases``: (phrase, mistake) pairs; the first phrase found in the message names the mistake
-    (e.g. torch's "shapes cannot be multiplied" for a weight split along the wrong dimension),
-    otherwise it is a "crash". ``hints``: the lab's mistake -> hint table.
-    """
-    __tracebackhide__ = True
-    if error is None:
-        return
-    rank, kind, message = error
-    if kind == "NotImplementedError":
-        raise NotImplementedError(f"{message}\n(raised on rank {rank}: write your code between the "
-                                  "## YOUR CODE markers, then run this cell again)")
-    mistake = next((m for phrase, m in phrases if phrase in message), "crash")
-    raise LabCheckFailed(mistake, f"rank {rank} raised {kind} {message}", hints.get(mistake, GENERIC_HINT), world_size)
-
-
 def close(a, b, tolerance):
     """``torch.testing.assert_close`` as a yes/no answer, for a checker that goes on to diagnose."""
     try:
@@ -108,24 +82,3 @@ def close(a, b, tolerance):
         return True
     except AssertionError:
         return False
-
-
-def watched_call(fn, args, forbidden):
-    """``fn(*args)`` under a profile hook: (its result, the label of the first call ``forbidden`` names, or None).
-
-    ``forbidden(frame, event, arg)`` returns a label for a call the lab refuses (the library that does what the lab
-    asks you to write, the checker's own search: both ship to learners), else None. The caller fails with its hint.
-    """
-    seen = []
-
-    def watch(frame, event, arg):
-        if not seen and (label := forbidden(frame, event, arg)):
-            seen.append(label)
-
-    old = sys.getprofile()
-    sys.setprofile(watch)
-    try:
-        result = fn(*args)
-    finally:
-        sys.setprofile(old)
-    return result, (seen[0] if seen else None)

@@ -77,7 +77,7 @@ def _check_case(n, label, numel, ranks):
 
 def _other_size(n, err):
     __tracebackhide__ = True
-    if err.mistake in ("wrong", "crash", "deadlock", "wrong_partner", "too_many_messages", "reduce_scatter_calls"):
+    if err.mistake in ("wrong", "crash", "raised", "deadlock", "wrong_partner", "too_many_messages", "reduce_scatter_calls"):
         raise LabCheckFailed("not_power_of_two", f"right on the powers of two, but not on {n} ranks:\n{err}",
                              HINTS["not_power_of_two"], n) from None
 

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm.ledger import RING_WIRE_FACTOR, CommLedger
+from ..comm.process_group_calls import observe, payload_bytes
 from ..comm.subgroup import chunk_bounds, reduce_scatter_chunks
 from ..launch import rank_device
 from .common import LabCheckFailed, caught, first_error, launch_answer
@@ -51,40 +52,30 @@ HINTS = {
 
 
 class PeerLog:
-    """Inside a rank: note the destination and bytes of every send, isend and batched isend, in order.
+    """Inside a rank: note the destination (global rank) and bytes of every message this rank sends, in order.
 
-    ``CommLedger`` counts bytes but not who they go to; this context adds that. Enter it *inside*
-    a ledger (``with CommLedger() as ledger, PeerLog() as peers:``), so that both see every call.
+    ``CommLedger`` counts bytes but not who they go to; this context adds that. It watches the process group's
+    ``send`` (``utils.comm.process_group_calls``), where ``send``, ``isend`` and ``batch_isend_irecv``'s sends all
+    arrive, however the answer named them (an ``isend`` imported before the checker started is seen too).
     """
 
     def __enter__(self):
-        self.sends, self._saved = [], {op: getattr(dist, op) for op in ("send", "isend", "batch_isend_irecv")}
-        self._torch_isend = getattr(dist.isend, "ledger_original", dist.isend)
-        for op in ("send", "isend"):
-            setattr(dist, op, self._wrap(self._saved[op]))
-        batch = self._saved["batch_isend_irecv"]
-
-        def batch_isend_irecv(p2p_ops):
-            for p in p2p_ops:
-                if p.op is self._torch_isend or getattr(p.op, "ledger_original", None) is self._torch_isend:
-                    self.sends.append((p.peer, p.tensor.numel() * p.tensor.element_size()))
-            return batch(p2p_ops)
-
-        dist.batch_isend_irecv = batch_isend_irecv
+        self.sends = []
+        self._watching = observe(self._sent)
+        self._watching.__enter__()
         return self
 
-    def _wrap(self, fn):
-        def logged(tensor, *args, **kwargs):
-            peer = args[0] if args else kwargs.get("dst", kwargs.get("group_dst"))
-            self.sends.append((peer, tensor.numel() * tensor.element_size()))
-            return fn(tensor, *args, **kwargs)
-
-        logged.ledger_original = getattr(fn, "ledger_original", fn)  # so dist.P2POp(dist.isend, ...) still works
-        return logged
+    def _sent(self, call):
+        if call.method == "send":
+            peer = call.args[1]
+            try:
+                peer = dist.get_global_rank(call.group, peer)  # group rank -> global rank
+            except (ValueError, RuntimeError, TypeError):  # a backend object, or the default group: as it is
+                pass
+            self.sends.append((peer, payload_bytes(call)))
 
     def __exit__(self, *exc):
-        for op, fn in self._saved.items():
-            setattr(dist, op, fn)
+        self._watching.__exit__(None, None, None)
         return False
 
 

@@ -31,7 +31,7 @@ from torch import nn
 
 from ..launch import rank_device
 from ..pipeline import PipelineDeadlock, bubble_fraction, idle_fraction, peak_in_flight, simulate
-from .common import CheckResult, caught, fail, first_error, launch_answer, raise_if_error, watched_call
+from .common import CheckResult, caught, fail, first_error, launch_answer, learner_call, raise_if_error, watched_call
 
 # (p, m, v); m = p last: there a warm-up one forward too long is every forward first on some ranks, so the cases
 # with m > p come first and name that mistake as what it is
@@ -86,7 +86,7 @@ def _own(fn, *args):
         if event == "call" and (where == __file__ or where.endswith(TORCH_SCHEDULES)):
             return f"{frame.f_code.co_name} ({where.rsplit('/', 1)[-1]})"
 
-    ops, seen = watched_call(fn, args, forbidden)
+    ops, seen = watched_call(fn, args, forbidden, where=f"fn{args}", hints=PIPELINE_HINTS)
     if seen:
         fail(PIPELINE_HINTS, "used_torch", f"fn{args} called {seen}: the order came from torch, not from you.")
     return ops
@@ -191,7 +191,7 @@ def check_interleaved(fn, world_sizes=(2,), timeout=60.0):
     torch computes on each of ``world_sizes`` ranks (m = 2p micro-batches, v = 2 chunks)."""
     __tracebackhide__ = True
     try:
-        fn(0, 3, 4, 2)
+        learner_call(fn, 0, 3, 4, 2, where="fn(0, 3, 4, 2)", hints=PIPELINE_HINTS, let_through=ValueError)
         refused = None
     except ValueError as err:
         refused = str(err)

@@ -29,6 +29,8 @@ import torch.distributed as dist
 from ..context_parallel import ring as ring_module
 from ..context_parallel.ring import chunk_ids, ring_attention, shard, unshard
 from .common import CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error, watched_call
+from .harness import is_learners
+from .watch import Watcher, refuse_tampering
 
 RING_HINTS = {  # each names the mistake and points to the idea; none gives the formula or the chunk map
     "used_library": "write the merge and the rule yourself: the lesson's ring module (utils.context_parallel: its "
@@ -81,7 +83,8 @@ def _own(fn, *args):
 
     if getattr(fn, "__code__", None) is ring_module.merge.__code__:
         fail(RING_HINTS, "used_library", "your merge is the lesson's merge from utils.context_parallel.")
-    out, seen = watched_call(fn, args, forbidden)
+    out, seen = watched_call(fn, args, forbidden, where=f"{getattr(fn, '__name__', 'your function')}(...)",
+                             hints=RING_HINTS)
     if seen:
         fail(RING_HINTS, "used_library", f"{getattr(fn, '__name__', 'your function')} called {seen}.")
     return out
@@ -189,20 +192,38 @@ def _case(seed, n):
     return [torch.randn(2, 2, s, 8, generator=g, dtype=torch.float64) * 2 for _ in range(4)]  # q, k, v, dout
 
 
+def _called_by_answer(frame, event, arg):
+    """In the ranks, where the ring itself is the lesson's: a call into it (or to SDPA) made *from* the answer."""
+    lesson = ring_module.__file__.replace("\\", "/")
+    if event == "call" and frame.f_code.co_filename.replace("\\", "/") == lesson and frame.f_back is not None \
+            and is_learners(frame.f_back.f_code.co_filename):
+        return f"the lesson's {frame.f_code.co_name} (utils.context_parallel.ring)"
+    if event == "c_call" and "scaled_dot_product_attention" in getattr(arg, "__name__", "") \
+            and is_learners(frame.f_code.co_filename):
+        return "F.scaled_dot_product_attention"
+
+
 def _ring(merge, causal_block, cases):
-    """Runs on every rank: each case's ring with the learner's pieces; this rank's output and gradients."""
+    """Runs on every rank: each case's ring with the learner's pieces, watched (the calls the answer makes, on every
+    thread); this rank's output and gradients."""
     rank, n = dist.get_rank(), dist.get_world_size()
-    out = {"error": None, "results": []}
+    out = {"error": None, "results": [], "seen": None, "tampered": []}
     try:
-        for causal, layout in cases:
-            q, k, v, dout = _case(7, n)
-            mine = [shard(t, rank, n, layout).clone().requires_grad_(i < 3) for i, t in enumerate((q, k, v, dout))]
-            o = ring_attention(*mine[:3], causal=causal, layout=layout, merge_fn=merge, block_rule=causal_block)
-            o.backward(mine[3])
-            out["results"].append([o.detach()] + [torch.zeros_like(t) if t.grad is None else t.grad for t in mine[:3]])
+        with Watcher(_called_by_answer) as watcher:
+            _ring_cases(merge, causal_block, cases, out, rank, n)
     except Exception as exc:  # noqa: BLE001
         out["error"] = caught(exc, "the ring with your merge and causal_block")
+    out["seen"], out["tampered"] = (watcher.seen or [None])[0], watcher.tampered
     return out
+
+
+def _ring_cases(merge, causal_block, cases, out, rank, n):
+    for causal, layout in cases:
+        q, k, v, dout = _case(7, n)
+        mine = [shard(t, rank, n, layout).clone().requires_grad_(i < 3) for i, t in enumerate((q, k, v, dout))]
+        o = ring_attention(*mine[:3], causal=causal, layout=layout, merge_fn=merge, block_rule=causal_block)
+        o.backward(mine[3])
+        out["results"].append([o.detach()] + [torch.zeros_like(t) if t.grad is None else t.grad for t in mine[:3]])
 
 
 def check_ring_attention(merge, causal_block, world_sizes=(2, 3, 4), timeout=60.0):
@@ -212,6 +233,10 @@ def check_ring_attention(merge, causal_block, world_sizes=(2, 3, 4), timeout=60.
     cases = [(True, "contiguous"), (True, "zigzag"), (False, "contiguous")]
     for n in world_sizes:
         ranks = launch_answer(_ring, (merge, causal_block, cases), n, timeout, "the ring", RING_HINTS["deadlock"])
+        for rank, r in enumerate(ranks):  # the answer's own calls, on every thread of every rank
+            refuse_tampering(r["tampered"], f"rank {rank}: merge or causal_block", n)
+            if r["seen"]:
+                fail(RING_HINTS, "used_library", f"rank {rank}: your merge or causal_block called {r['seen']}.", n)
         raise_if_error(first_error(ranks), n, RING_HINTS)
         for c, (causal, layout) in enumerate(cases):
             q, k, v, dout = (t.clone().requires_grad_(i < 3) for i, t in enumerate(_case(7, n)))

@@ -12,7 +12,7 @@ DeepSpeed's, (4) no earlier, so from the first bucket on they are DeepSpeed's, b
 import torch
 
 from ..models import ToyNet
-from .common import CheckResult, fail
+from .common import CheckResult, fail, learner_call
 
 BUCKET_HINTS = {
     "bucket_order": "backward produces gradients from the last layer to the first: fill the buckets from "
@@ -52,7 +52,9 @@ def judge_buckets(sizes, buckets, bucket_numel, label):
 def bucket_indices(make_buckets, params, bucket_numel):
     """``make_buckets(params, bucket_numel)`` as lists of indices into ``params`` (-1: a tensor not among them)."""
     index = {id(p): i for i, p in enumerate(params)}
-    return [[index.get(id(p), -1) for p in bucket] for bucket in make_buckets(params, bucket_numel)]
+    buckets = learner_call(make_buckets, params, bucket_numel, hints=BUCKET_HINTS,
+                           where=f"make_buckets({len(params)} tensors, bucket_numel={bucket_numel:,})")
+    return [[index.get(id(p), -1) for p in bucket] for bucket in buckets]
 
 
 def check_make_buckets(fn, cases=((1000, 10), (1000, 1000), (5000, 100), (1, 1))):

@@ -10,11 +10,15 @@ the formulas::
 
 How it works: while the ``with`` block runs, the functions of ``torch.distributed`` that move data
 (``all_reduce``, ``send``, ``isend`` ...) are replaced by thin wrappers that note the call and then
-call the original. Nothing in torch is forked or modified; on exit the originals are put back.
+call the original. Nothing in torch is forked; on exit the originals are put back.
 ``utils.comm.compat``'s three functions (the same collectives under one name on torch 2.11-2.15) are
 wrapped too, and a call made *inside* a recorded call is part of it: a compat function that falls
 back to another collective is recorded once, under its own name, with its own bytes.
-Only calls made through ``torch.distributed``'s Python functions are seen: torch's DDP, for
+A call that steps around the module's functions (``distributed_c10d.all_reduce``, an ``isend`` imported
+before the ledger opened, a ``P2POp`` holding it) is still seen, where every path meets: the process
+group's method that does the work (``utils.comm.process_group_calls``). It is recorded under the name
+of the function that was called, with the same bytes; its ``seconds`` leave out the wait that a
+synchronous call does after the method returns. Only calls made from Python are seen: torch's DDP, for
 example, talks to the backend from C++, so notebook 02 routes its gradients through a DDP
 *communication hook*, which calls ``dist.all_reduce`` and is therefore seen.
 
@@ -40,10 +44,10 @@ import threading
 import time
 
 import psutil
-import torch
 import torch.distributed as dist
 
 from . import compat
+from .process_group_calls import observe, payload_bytes, tensor_bytes
 
 # Multiplier on payload_bytes giving the bytes one rank sends under a ring algorithm (n ranks).
 RING_WIRE_FACTOR = {
@@ -92,15 +96,6 @@ def _unwrapping_p2p_op(p2p_op_class):
     return P2POp
 
 
-def tensor_bytes(obj):
-    """Bytes of a tensor, or of the tensors in a (nested) list or tuple; 0 for anything else."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, (list, tuple)):
-        return sum(tensor_bytes(o) for o in obj)
-    return 0
-
-
 def _payload(op, args, kwargs):
     """The full-sized tensor argument of each operation (see the module docstring)."""
     first = args[0] if args else next(iter(kwargs.values()), None)
@@ -129,6 +124,7 @@ class CommLedger:
         self.records: list[CommRecord] = []
         self._originals, self._compat_originals = {}, {}
         self._inside = threading.local()  # .call is True while this thread is in a recorded call
+        self._watching = None  # the process group's methods, for the calls that step around the wrappers
 
     def __enter__(self):
         for op in RING_WIRE_FACTOR:
@@ -143,9 +139,12 @@ class CommLedger:
         self._originals["P2POp"], self._originals["batch_isend_irecv"] = dist.P2POp, dist.batch_isend_irecv
         dist.P2POp = _unwrapping_p2p_op(dist.P2POp)
         dist.batch_isend_irecv = self._wrap_batch(self._originals["batch_isend_irecv"])
+        self._watching = observe(self._stepped_around)
+        self._watching.__enter__()
         return self
 
     def __exit__(self, *exc):
+        self._watching.__exit__(None, None, None)
         for op, fn in self._originals.items():
             setattr(dist, op, fn)
         for op, fn in self._compat_originals.items():
@@ -177,10 +176,27 @@ class CommLedger:
         recorded.__name__ = op
         return recorded
 
+    def _stepped_around(self, call):
+        """A process group's method was called, not from inside one of this ledger's wrappers: record it here."""
+        if getattr(self._inside, "call", False):
+            return  # the wrapper around it records it, with its own name and time
+        n, payload = call.size, payload_bytes(call)
+        wire = None
+        if call.op == "all_to_all_single" and len(call.args) > 3 and call.args[3]:  # input split sizes
+            tensor, splits = call.args[1], call.args[3]
+            row_bytes = tensor[0].numel() * tensor.element_size() if len(tensor) else 0
+            wire = (sum(splits) - splits[call.group.rank()]) * row_bytes
+        wire = payload * RING_WIRE_FACTOR[call.op](n) if wire is None else wire
+        self.records.append(CommRecord(call.op, n, payload, wire, call.seconds))
+
     def _wrap_batch(self, fn):
         def recorded_batch(p2p_ops):
             start = time.perf_counter()
-            works = fn(p2p_ops)
+            self._inside.call = True  # its isends and irecvs are recorded below, once
+            try:
+                works = fn(p2p_ops)
+            finally:
+                self._inside.call = False
             seconds = (time.perf_counter() - start) / max(1, len(p2p_ops))
             for p in p2p_ops:
                 op = "isend" if p.op is self._originals["isend"] else "irecv"  # P2POp holds torch's own
