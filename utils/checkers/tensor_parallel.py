@@ -37,6 +37,10 @@ TP_HINTS = {
                        "three numbers per token from the whole vocabulary: its max (dist.all_reduce with "
                        "op=dist.ReduceOp.MAX), the sum of exp(x - max) and the target's logit (from the one rank that "
                        "holds it). All-reduce those, (tokens,) each.",
+    "not_all_reduce": "forward combined its per-token numbers with another collective than dist.all_reduce (a "
+                      "gather, a reduce to one rank, a broadcast...): the bytes are small, but every rank needs the "
+                      "same max, sum and target logit at once, which is what an all-reduce leaves; look at the op of "
+                      "each call in the list above and replace the others.",
     "extra_collectives": "forward needs at most three all-reduces of one value per token (the max, the target's logit, "
                          "the sum of exps); more moves bytes the loss does not need.",
     "missing_all_reduce": "each rank holds only v/t logits of every token: the max, the sum of exps and the target's "
@@ -131,9 +135,12 @@ def _judge_collectives(r, n):
     told = f"forward called {forward or 'nothing'} (op, bytes); the budget is 3 values per token = {budget} B"
     if not forward:
         fail(TP_HINTS, "missing_all_reduce", f"{told}.", n)
-    if any(op != "all_reduce" for op, _ in forward) or any(b >= whole for _, b in forward):
+    if any(b >= whole for _, b in forward):  # the logits themselves moved, whatever the collective
         fail(TP_HINTS, "gathered_logits", f"{told}; the logits themselves are {whole} B per rank, {whole * n} B in "
                                           "all.", n)
+    if any(op != "all_reduce" for op, _ in forward):  # small: per-token numbers, through another collective
+        fail(TP_HINTS, "not_all_reduce", f"{told}: {sorted({op for op, _ in forward if op != 'all_reduce'})} moved "
+                                         f"less than the logits ({whole} B per rank), but is not an all-reduce.", n)
     if sum(b for _, b in forward) > budget:
         fail(TP_HINTS, "extra_collectives", f"{told}.", n)
     if backward:
