@@ -60,6 +60,9 @@ TP_HINTS = {
     "underflow": "the target's logit is far below the max: exp(x_target - M) is 0 in float32 and its log is -inf. "
                  "Never take the log of a softmax: loss = log(sum of exp(x - M)) - (x_target - M), with the picked "
                  "logit itself all-reduced, not its exp.",
+    "not_finite": "the loss or its gradient is inf or nan on ordinary logits (within a few units of 0, where "
+                  "nothing overflows or underflows): look for a log of 0, a division by 0, or an infinity you "
+                  "filled in yourself (a mask of -inf, all-reduced with a SUM, stays -inf).",
     "grad_output_ignored": "backward receives grad, d(what the caller made of the losses)/d(each token's loss), not "
                            "always 1 (the checker weights the tokens): multiply your gradient by grad.unsqueeze(-1).",
     "no_one_hot": "the gradient of -x_target is -1 at the target word: subtract 1 at the target's column, on the rank "
@@ -181,7 +184,8 @@ def _judge_values(case, rank, r, n):
     loss, grad = r["loss"], r["grad"]
     told = f"rank {rank}, {case} logits"
     if not (torch.isfinite(loss).all() and (grad is None or torch.isfinite(grad).all())):
-        fail(TP_HINTS, "underflow" if case == "apart" else "overflow", f"{told}: loss {loss.tolist()[:4]} ... is not finite.", n)
+        mistake = {"apart": "underflow", "large": "overflow"}.get(case, "not_finite")  # tame, spread: no extremes
+        fail(TP_HINTS, mistake, f"{told}: loss {loss.tolist()[:4]} ... is not finite.", n)
     if not close(loss, want, GRAD_TOL):
         if case == "spread":
             fail(TP_HINTS, "local_max", f"{told}: the loss is right when every rank's block has the same max and "
