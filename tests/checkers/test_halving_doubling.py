@@ -22,6 +22,7 @@ from utils.comm.subgroup import chunk_bounds
 from utils.checkers.doubling_all_gather import check_doubling_all_gather
 from utils.checkers.folded_all_reduce import check_halving_doubling_all_reduce, plan
 from utils.checkers.halving_doubling import virtual_ranks
+from utils.checkers.halving_reduce_scatter import _check_case as halving_case
 from utils.checkers.halving_reduce_scatter import check_halving_reduce_scatter, halving_plan
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
@@ -202,6 +203,16 @@ def test_halving_rejects(wrong, world_sizes, mistake, phrase):
 def test_halving_rejects_deadlock():
     expect_rejection(check_halving_reduce_scatter, halving_blocking, world_sizes=(2,), timeout=5, mistake="deadlock",
                      phrase="waits for the matching recv")
+
+
+def test_wrong_values_are_checked_against_the_partners_first():
+    """A wrong partner whose messages happen to pair up (no hang) leaves wrong sums: the peer log names it before any
+    guess from the values. The ranks' reports are made up here, as on_rank returns them: no processes."""
+    n, numel = 4, 16
+    ranks = [dict(got=torch.zeros(numel), expected=torch.ones(numel), original=torch.zeros(numel), returned=None,
+                  sends=[(n - 1 - k, 32)], ops=[], calls=[], error=None, sent=32) for k in range(n)]  # v <-> p-1-v
+    expect_rejection(halving_case, n, "a case", numel, ranks, mistake="wrong_partner",
+                     phrase="the values are wrong, and rank 0 sent to ranks [3]")
 
 
 def test_halving_needs_a_power_of_two():
