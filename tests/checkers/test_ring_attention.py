@@ -111,8 +111,8 @@ def zigzag_second_as_first(q_rank, q_part, k_rank, k_part, world_size, layout):
     (merge, library_pair, "used_library", "chunk_ids (utils.context_parallel.ring)"),
     (merge, off_by_one_chunk, "off_by_one_chunk", "off by one chunk"),
     (merge, zigzag_second_as_first, "zigzag_second_chunk", "not the ranks"),
-], ids=["naive_merge", "subtracted_lse_merge", "averaged_merge", "max_lse_merge", "lesson_merge", "the_lesson_merge_itself", "sdpa_merge",
-        "library_pair", "off_by_one_chunk", "zigzag_second_as_first"])
+], ids=["naive_merge", "subtracted_lse_merge", "averaged_merge", "max_lse_merge", "lesson_merge",
+        "the_lesson_merge_itself", "sdpa_merge", "library_pair", "off_by_one_chunk", "zigzag_second_as_first"])
 def test_rejects(wrong_merge, wrong_rule, mistake, phrase):
     expect_rejection(check_ring_attention, wrong_merge, wrong_rule, world_sizes=(2,), mistake=mistake, phrase=phrase)
 

@@ -30,10 +30,12 @@ HINTS = {
                        "and look its elements up in chunk_bounds(numel, p).",
     "dropped_element": "each half of your range has (hi - lo) // 2 elements, so when the range is odd its last "
                        "element belongs to neither half and is never summed (the lab's first trap): halve the range "
-                       "of chunk indices and look its elements up in chunk_bounds(numel, p), which covers every element.",
+                       "of chunk indices and look its elements up in chunk_bounds(numel, p), which covers every "
+                       "element.",
     "chunk_bounds": "your chunks are not torch.tensor_split's: with numel // p elements per chunk and the remainder "
                     "in the last one, rank v ends with other elements than chunk v of tensor_split. tensor_split "
-                    "makes the FIRST numel % p chunks one element longer: take the offsets from chunk_bounds(numel, p).",
+                    "makes the FIRST numel % p chunks one element longer: take the offsets from "
+                    "chunk_bounds(numel, p).",
     "uneven": "right when the tensor cuts evenly into p chunks, wrong otherwise, in a way the checker could not tell "
               "apart. Several mistakes give this symptom: halving the elements of the range instead of its chunks "
               "(the middle element is not a chunk boundary); (hi - lo) // 2 elements per half, which drops an odd "
