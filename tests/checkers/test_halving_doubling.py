@@ -312,16 +312,17 @@ def test_names_the_wrong_partner_of_ranks_that_hang(check, wrong):
 
 # ------------------------------------------------------------------ lab 01b, the all-reduce on any n, folded
 
-def _folded(tensor, reduce_scatter, add=True, unfold=True, fold=True, own_halving=False, torch_rs=False):
+def _folded(tensor, reduce_scatter, add=True, unfold=True, fold=True, own_halving=False, torch_rs=False,
+            fold_to=lambda rank, n: rank + 1):
     """The reference's all-reduce, with one mistake switched on."""
     rank, n = dist.get_rank(), dist.get_world_size()
     p = 1 << (n.bit_length() - 1)
     rem = n - p if fold else 0
     flat = tensor.view(-1)
     if rank < 2 * rem and rank % 2 == 0:
-        dist.send(flat, rank + 1)
+        dist.send(flat, fold_to(rank, n))
         if unfold:
-            dist.recv(flat, rank + 1)
+            dist.recv(flat, fold_to(rank, n))
         return
     if rank < 2 * rem:
         incoming = torch.empty_like(flat)
@@ -353,6 +354,10 @@ def without_fold(tensor, reduce_scatter):  # right on 2 and 4; on 3, virtual ran
     _folded(tensor, reduce_scatter, fold=False)
 
 
+def fold_to_the_last_rank(tensor, reduce_scatter):  # rank 0 folds into rank n - 1, which never receives: a hang
+    _folded(tensor, reduce_scatter, fold_to=lambda rank, n: n - 1)
+
+
 def own_reduce_scatter(tensor, reduce_scatter):
     _folded(tensor, reduce_scatter, own_halving=True)
 
@@ -374,6 +379,8 @@ def all_reduce_averaged(tensor, reduce_scatter):
     (fold_drops_extra_data, (2, 3), "fold_dropped", "ADDS it"),
     (fold_never_sent_back, (2, 3), "not_unfolded", "send the complete sum back"),
     (without_fold, (2, 3), "not_power_of_two", "fold the extra ranks"),
+    pytest.param(fold_to_the_last_rank, (2, 3), "wrong_partner", "rank 0 sent to ranks [2]",
+                 marks=pytest.mark.slow),  # hangs 10 s; once not_power_of_two, as if there were no fold
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_all_reduce_rejects(wrong, world_sizes, mistake, phrase):
     expect_rejection(check_halving_doubling_all_reduce, wrong, world_sizes=world_sizes, timeout=10, mistake=mistake,

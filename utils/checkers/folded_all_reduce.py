@@ -33,6 +33,8 @@ HINTS = {
                         "at the end each odd rank sends the result back.",
     "reduce_scatter_calls": "call the reduce_scatter you were given exactly once, on every rank that takes part, "
                             "with ranks = the p ranks that run the algorithm, in virtual-rank order.",
+    "wrong_partner": SHARED["wrong_partner"] + " Outside the all-gather, a rank talks only to its fold partner: "
+                                               "the even rank below 2*rem and the odd rank after it.",
     "wrong_order": GATHER_HINTS["wrong_order"],
     "wrong": "the p ranks must all call reduce_scatter(tensor, ranks), which leaves chunk v on ranks[v], then your "
              "doubling_all_gather(tensor, ranks); check the all-gather on its own first (the cell above).",
@@ -87,7 +89,8 @@ def _check_case(n, label, numel, ranks, every=()):
 
 def _other_size(n, err):
     __tracebackhide__ = True
-    if err.mistake in ("wrong", "crash", "deadlock", "wrong_partner", "too_many_messages", "reduce_scatter_calls"):
+    # not wrong_partner: the fold's messages are in the plan, so a rank named there folded to the wrong rank
+    if err.mistake in ("wrong", "crash", "deadlock", "too_many_messages", "reduce_scatter_calls"):
         raise LabCheckFailed("not_power_of_two", f"right on the powers of two, but not on {n} ranks:\n{err}",
                              HINTS["not_power_of_two"], n) from None
 
