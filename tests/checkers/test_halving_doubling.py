@@ -183,6 +183,7 @@ def test_halving_plan_sends_half_the_range():
     (halving_elements, (4,), "halved_elements", "the lab's first trap"),  # once named mirrored (1 element)
     (halving_elements, (2,), "uneven", "- halved_elements: the lab's first trap"),  # on 2 ranks the same cut as ...
     (halving_remainder_last, (2,), "uneven", "- chunk_bounds: your chunks are not"),  # ... this one: both listed
+    (halving_elements, (2, 4), "halved_elements", "on 4 ranks only halved_elements fits"),  # the notebook's sizes
     (halving_elements_rounded_up, (4,), "halved_elements", "halve the range of chunk indices"),
     (halving_losing_odd, (2,), "dropped_element", "never summed"),
     (halving_remainder_last, (4,), "chunk_bounds", "FIRST numel % p chunks"),

@@ -141,10 +141,12 @@ def _check_case(n, label, numel, ranks, every=()):
                            "mirrored" if holds(lambda k: n - 1 - k) else "wrong")
             k = wrong[0]
             if len(fits) > 1:
-                raise LabCheckFailed("uneven", f"{label}: chunk {k} on rank {k} is wrong, and several mistakes give "
+                err = LabCheckFailed("uneven", f"{label}: chunk {k} on rank {k} is wrong, and several mistakes give "
                                      f"exactly these messages and sums on {n} ranks; the checker cannot tell them "
                                      "apart:\n" + "\n".join(f"- {m}: {HINTS[m]}" for m in fits),
                                      HINTS["uneven"], n)
+                err.fits = fits  # check_halving_reduce_scatter asks a larger world size to tell them apart
+                raise err
             wrong_at(n, label, numel, mistake, HINTS, k, chunk(k, "got"), chunk(k, "expected"),
                      f"chunk {k} of the sum, which rank {k} must hold")
     raise_if_error(error, n, HINTS)
@@ -166,8 +168,22 @@ def check_halving_reduce_scatter(fn, world_sizes=(2, 4), timeout=20.0):
     if odd:
         raise ValueError(f"world sizes {odd}: recursive halving alone runs on a power of two of ranks; use 2, 4 or 8 "
                          "(lab 01b folds the other sizes in).")
-    last = run_sizes(fn, "reduce_scatter", world_sizes, timeout, NAME, _check_case, None,
-                     lambda n, numel: {v: dests for v, (dests, _) in halving_plan(numel, n).items()})
+    partners = lambda n, numel: {v: dests for v, (dests, _) in halving_plan(numel, n).items()}  # noqa: E731
+    try:
+        last = run_sizes(fn, "reduce_scatter", world_sizes, timeout, NAME, _check_case, None, partners)
+    except LabCheckFailed as err:
+        larger = [m for m in world_sizes if m > (err.world_size or 0)]
+        if not getattr(err, "fits", None) or not larger:
+            raise
+        try:  # on 2 ranks two cuts are one; on 4 they differ: name the one this answer makes
+            run_sizes(fn, "reduce_scatter", larger[:1], timeout, NAME, _check_case, None, partners)
+        except LabCheckFailed as there:
+            if there.mistake in err.fits:
+                detail = str(there).split("\n")[0].split(": ", 1)[-1]
+                raise LabCheckFailed(there.mistake, f"on {err.world_size} ranks {' and '.join(err.fits)} look "
+                                     f"alike; on {there.world_size} ranks only {there.mistake} fits: {detail}",
+                                     there.hint, there.world_size) from None
+        raise
     lines = []
     for n, ranks in last.items():
         numel, size = ranks[0]["got"].numel(), ranks[0]["got"].element_size()
