@@ -148,6 +148,47 @@ class HooksOnFrozenToo(BucketedDDP):
         super().__init__(model, bucket_cap_bytes)
 
 
+class FrozenInBucket(BucketedDDP):
+    """The frozen parameter in the last bucket, hooked and counted nowhere: packing the bucket meets its None .grad."""
+
+    def __init__(self, model, bucket_cap_bytes):
+        super().__init__(model, bucket_cap_bytes)
+        self.buckets[-1] += [p for p in model.parameters() if not p.requires_grad]
+
+    def _new_step(self):
+        self.missing = [sum(p.requires_grad for p in bucket) for bucket in self.buckets]
+        self.pending = [None] * len(self.buckets)
+
+
+class AsyncOpForgotten(BucketedDDP):
+    """dist.all_reduce(flat) from the hook, without async_op=True: it returns None, and finish() waits on it."""
+
+    def _grad_ready(self, param):
+        i = self.bucket_of[id(param)]
+        self.missing[i] -= 1
+        if self.missing[i] == 0:
+            flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]])
+            self.pending[i] = (flat, dist.all_reduce(flat))
+
+
+class CountsTheFrozenOne(BucketedDDP):
+    """The last bucket waits for one gradient more (the frozen one's, which never comes): it is never launched, and
+    finish() unpacks the None it still holds."""
+
+    def _new_step(self):
+        super()._new_step()
+        self.missing[-1] += 1
+
+    def finish(self):
+        for i, bucket in enumerate(self.buckets):
+            flat, work = self.pending[i]
+            work.wait()
+            flat /= self.n
+            for p, g in zip(bucket, flat.split([p.numel() for p in bucket])):
+                p.grad.copy_(g.view_as(p))
+        self._new_step()
+
+
 class BroadcastParametersOnly(BucketedDDP):
     def __init__(self, model, bucket_cap_bytes):
         buffers = {k: b.clone() for k, b in model.named_buffers()}
@@ -182,6 +223,9 @@ def test_bucketed_ddp_rejects_a_bad_cap():
     (TiedTwice, (2,), "tied_twice", "remove_duplicate=False"),
     (HooksOnFrozenToo, (2,), "frozen_reduced", "requires_grad"),
     (BroadcastParametersOnly, (2,), "buffers", "buffers"),
+    (FrozenInBucket, (2,), "frozen_reduced", "has no gradient"),  # 'NoneType' has no attribute 'reshape'
+    (AsyncOpForgotten, (2,), "no_work", "async_op=True returns None"),  # once frozen_reduced, as any NoneType
+    (CountsTheFrozenOne, (2,), "never_launched", "never launched"),  # once frozen_reduced, as any NoneType
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_ddp_rejects(wrong, world_sizes, mistake, phrase):
     expect_rejection(check_ddp, wrong, world_sizes=world_sizes, steps=2, mistake=mistake, phrase=phrase)

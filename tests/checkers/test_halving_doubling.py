@@ -24,6 +24,7 @@ from utils.comm.subgroup import chunk_bounds
 from utils.checkers.doubling_all_gather import check_doubling_all_gather
 from utils.checkers.folded_all_reduce import check_halving_doubling_all_reduce, plan
 from utils.checkers.halving_doubling import virtual_ranks
+from utils.checkers.halving_reduce_scatter import _check_case as halving_case
 from utils.checkers.halving_reduce_scatter import check_halving_reduce_scatter, halving_plan
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
@@ -33,11 +34,12 @@ from solutions.halving_doubling import (  # noqa: E402
 
 # ------------------------------------------------------------------ lab 01a, reduce-scatter by recursive halving
 
-def _halving(tensor, descending=True, mirrored=False, split=None, blocking=False, per_chunk=False):
+def _halving(tensor, descending=True, mirrored=False, split=None, blocking=False, per_chunk=False, bounds=None,
+             partner=lambda v, d, p: v ^ d):
     """Recursive halving on the world's ranks, with one mistake switched on."""
     v, p = dist.get_rank(), dist.get_world_size()
     flat = tensor.view(-1)
-    bounds = chunk_bounds(flat.numel(), p)
+    bounds = (bounds or chunk_bounds)(flat.numel(), p)
     lo, hi = 0, flat.numel()
     a, b = 0, p
     for d in ([p >> (j + 1) for j in range(p.bit_length() - 1)] if descending else
@@ -53,7 +55,9 @@ def _halving(tensor, descending=True, mirrored=False, split=None, blocking=False
             keep, give = ((lo, mid), (mid, end)) if v & d == 0 else ((mid, end), (lo, mid))
         incoming = torch.empty(keep[1] - keep[0], dtype=flat.dtype, device=flat.device)
         out = flat[give[0]:give[1]]
-        if blocking:  # both partners send first: each waits for a recv the other has not posted
+        if partner(v, d, p) != v ^ d:
+            sendrecv(out, partner(v, d, p), incoming, partner(v, d, p))
+        elif blocking:  # both partners send first: each waits for a recv the other has not posted
             dist.send(out, v ^ d)
             dist.recv(incoming, v ^ d)
         elif per_chunk:  # the right bytes to the right partner, but one message per chunk
@@ -77,12 +81,28 @@ def halving_mirrored(tensor):  # bit d clear keeps the upper half: rank v ends w
     _halving(tensor, mirrored=True)
 
 
-def halving_elements(tensor):  # halves of the elements, mid = lo + (hi - lo + 1) // 2: other cuts than the chunks'
+def halving_elements(tensor):  # lab 01a's first trap, as its text writes it: mid = lo + (hi - lo) // 2
+    _halving(tensor, split=lambda lo, hi: (lo + (hi - lo) // 2, hi))
+
+
+def halving_elements_rounded_up(tensor):  # the same trap, mid = lo + (hi - lo + 1) // 2
     _halving(tensor, split=lambda lo, hi: (lo + (hi - lo + 1) // 2, hi))
 
 
 def halving_losing_odd(tensor):  # (hi - lo) // 2 elements a half: an odd segment's last element is never summed
     _halving(tensor, split=lambda lo, hi: (lo + (hi - lo) // 2, lo + 2 * ((hi - lo) // 2)))
+
+
+def halving_remainder_last(tensor):  # chunks of numel // p elements, the remainder in the last one
+    _halving(tensor, bounds=lambda numel, p: [c * (numel // p) for c in range(p)] + [numel])
+
+
+def halving_rounded_bounds(tensor):  # chunk c starts at round(c * numel / p): a cut the checker does not know
+    _halving(tensor, bounds=lambda numel, p: [round(c * numel / p) for c in range(p + 1)])
+
+
+def halving_partner_added(tensor):  # v + d, or v - d past the end: rank 1's partner at d = 1 is 2, who waits for 3
+    _halving(tensor, partner=lambda v, d, p: v + d if v + d < p else v - d)
 
 
 def halving_chunk_by_chunk(tensor):
@@ -162,8 +182,14 @@ def test_halving_plan_sends_half_the_range():
     (calling_all_reduce, (2,), "used_collective", "point-to-point"),
     (halving_ascending, (4,), "wrong_order", "d = p/2, p/4, ..., 1"),
     (halving_mirrored, (2,), "mirrored", "keeps the LOWER half"),
-    (halving_elements, (4,), "uneven", "range of CHUNKS"),
-    (halving_losing_odd, (2,), "uneven", "drops an odd one"),
+    (halving_elements, (4,), "halved_elements", "the lab's first trap"),  # once named mirrored (1 element)
+    (halving_elements, (2,), "uneven", "- halved_elements: the lab's first trap"),  # on 2 ranks the same cut as ...
+    (halving_remainder_last, (2,), "uneven", "- chunk_bounds: your chunks are not"),  # ... this one: both listed
+    (halving_elements, (2, 4), "halved_elements", "on 4 ranks only halved_elements fits"),  # the notebook's sizes
+    (halving_elements_rounded_up, (4,), "halved_elements", "halve the range of chunk indices"),
+    (halving_losing_odd, (2,), "dropped_element", "never summed"),
+    (halving_remainder_last, (4,), "chunk_bounds", "FIRST numel % p chunks"),
+    (halving_rounded_bounds, (4,), "uneven", "Several mistakes give this symptom"),
     (halving_averaged, (2,), "averaged", "do not divide"),
     (halving_not_in_place, (2,), "not_in_place", "tensor you were given"),
     (whole_tensor_exchange, (4,), "too_many_bytes", "not the whole tensor"),
@@ -182,6 +208,16 @@ def test_halving_rejects_deadlock():
                      phrase="waits for the matching recv")
 
 
+def test_wrong_values_are_checked_against_the_partners_first():
+    """A wrong partner whose messages happen to pair up (no hang) leaves wrong sums: the peer log names it before any
+    guess from the values. The ranks' reports are made up here, as on_rank returns them: no processes."""
+    n, numel = 4, 16
+    ranks = [dict(got=torch.zeros(numel), expected=torch.ones(numel), original=torch.zeros(numel), returned=None,
+                  sends=[(n - 1 - k, 32)], ops=[], calls=[], error=None, sent=32) for k in range(n)]  # v <-> p-1-v
+    expect_rejection(halving_case, n, "a case", numel, ranks, mistake="wrong_partner",
+                     phrase="the values are wrong, and rank 0 sent to ranks [3]")
+
+
 def test_halving_needs_a_power_of_two():
     with pytest.raises(ValueError, match=r"world sizes \[3\]"):
         check_halving_reduce_scatter(halving_reduce_scatter, world_sizes=(2, 3))
@@ -189,7 +225,7 @@ def test_halving_needs_a_power_of_two():
 
 # ------------------------------------------------------------------ lab 01b, all-gather by recursive doubling
 
-def _doubling(tensor, ranks, descending=False, whole=False, world=False):
+def _doubling(tensor, ranks, descending=False, whole=False, world=False, partner=None):
     """Recursive doubling among ``ranks``, with one mistake switched on."""
     if world:  # the global rank and the world size, as if every rank took part
         ranks = list(range(dist.get_world_size()))
@@ -200,7 +236,10 @@ def _doubling(tensor, ranks, descending=False, whole=False, world=False):
     for d in ([p >> (j + 1) for j in range(p.bit_length() - 1)] if descending else
               [1 << j for j in range(p.bit_length() - 1)]):
         a, b = v - v % d, (v ^ d) - (v ^ d) % d
-        if whole:  # the whole tensor out, the whole tensor in, then the partner's range copied from it
+        if partner:  # the right ranges, to and from the wrong rank
+            peer = ranks[partner(v, d, p)]
+            sendrecv(flat[bounds[a]:bounds[a + d]], peer, flat[bounds[b]:bounds[b + d]], peer)
+        elif whole:  # the whole tensor out, the whole tensor in, then the partner's range copied from it
             incoming = torch.empty_like(flat)
             sendrecv(flat.clone(), ranks[v ^ d], incoming, ranks[v ^ d])
             flat[bounds[b]:bounds[b + d]] = incoming[bounds[b]:bounds[b + d]]
@@ -219,6 +258,10 @@ def doubling_whole_tensor(tensor, ranks):
 
 def doubling_world_ranks(tensor, ranks):  # right on a power of two; on 3 ranks, rank 1's partner is rank 0
     _doubling(tensor, ranks, world=True)
+
+
+def doubling_partner_added(tensor, ranks):  # v + d, or v - d past the end, as halving_partner_added
+    _doubling(tensor, ranks, partner=lambda v, d, p: v + d if v + d < p else v - d)
 
 
 def doubling_not_in_place(tensor, ranks):
@@ -259,18 +302,30 @@ def test_doubling_rejects(wrong, world_sizes, mistake, phrase):
                      phrase=phrase)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("check, wrong", [(check_halving_reduce_scatter, halving_partner_added),
+                                          (check_doubling_all_gather, doubling_partner_added)],
+                         ids=lambda v: getattr(v, "__name__", None))
+def test_names_the_wrong_partner_of_ranks_that_hang(check, wrong):
+    """Rank 1 sends to 2 at d = 1, which never receives from it: the ranks hang, and the sends each logged to a file
+    before that name the partner (once reported as a deadlock, the blocking send's mistake)."""
+    expect_rejection(check, wrong, world_sizes=(4,), timeout=5, mistake="wrong_partner",
+                     phrase="the ranks hung and were stopped after the timeout; before that, rank 1 sent to ranks [2]")
+
+
 # ------------------------------------------------------------------ lab 01b, the all-reduce on any n, folded
 
-def _folded(tensor, reduce_scatter, add=True, unfold=True, fold=True, own_halving=False, torch_rs=False):
+def _folded(tensor, reduce_scatter, add=True, unfold=True, fold=True, own_halving=False, torch_rs=False,
+            fold_to=lambda rank, n: rank + 1):
     """The reference's all-reduce, with one mistake switched on."""
     rank, n = dist.get_rank(), dist.get_world_size()
     p = 1 << (n.bit_length() - 1)
     rem = n - p if fold else 0
     flat = tensor.view(-1)
     if rank < 2 * rem and rank % 2 == 0:
-        dist.send(flat, rank + 1)
+        dist.send(flat, fold_to(rank, n))
         if unfold:
-            dist.recv(flat, rank + 1)
+            dist.recv(flat, fold_to(rank, n))
         return
     if rank < 2 * rem:
         incoming = torch.empty_like(flat)
@@ -302,6 +357,10 @@ def without_fold(tensor, reduce_scatter):  # right on 2 and 4; on 3, virtual ran
     _folded(tensor, reduce_scatter, fold=False)
 
 
+def fold_to_the_last_rank(tensor, reduce_scatter):  # rank 0 folds into rank n - 1, which never receives: a hang
+    _folded(tensor, reduce_scatter, fold_to=lambda rank, n: n - 1)
+
+
 def own_reduce_scatter(tensor, reduce_scatter):
     _folded(tensor, reduce_scatter, own_halving=True)
 
@@ -323,6 +382,8 @@ def all_reduce_averaged(tensor, reduce_scatter):
     (fold_drops_extra_data, (2, 3), "fold_dropped", "ADDS it"),
     (fold_never_sent_back, (2, 3), "not_unfolded", "send the complete sum back"),
     (without_fold, (2, 3), "not_power_of_two", "fold the extra ranks"),
+    pytest.param(fold_to_the_last_rank, (2, 3), "wrong_partner", "rank 0 sent to ranks [2]",
+                 marks=pytest.mark.slow),  # hangs 10 s; once not_power_of_two, as if there were no fold
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_all_reduce_rejects(wrong, world_sizes, mistake, phrase):
     expect_rejection(check_halving_doubling_all_reduce, wrong, world_sizes=world_sizes, timeout=10, mistake=mistake,

@@ -102,6 +102,18 @@ def changes_precision(model, cluster, n_gpus, global_batch, precision, cap):
     return choose_plan(model, cluster, n_gpus, global_batch, "bf16", cap)
 
 
+def cp_outside_the_mesh(model, cluster, n_gpus, global_batch, precision, cap):
+    """cp = 2 added to the best dp x tp x pp plan: the mesh is twice the job (once named mesh_size, whose hint says
+    dp * tp * pp must equal n_gpus: it does)."""
+    return dataclasses.replace(choose_plan(model, cluster, n_gpus, global_batch, precision, cap), cp=2)
+
+
+def experts_split_on_dense(model, cluster, n_gpus, global_batch, precision, cap):
+    """ep = 2 borrowed from dp wherever dp is even: the world is the job's, but there are no experts to split."""
+    plan = choose_plan(model, cluster, n_gpus, global_batch, precision, cap)
+    return dataclasses.replace(plan, ep=2) if plan.dp % 2 == 0 else plan
+
+
 def own_bug(model, cluster, n_gpus, global_batch, precision, cap):
     """kind: an exception from the learner's own code (not the planner's)."""
     budget = {"fp32": cap}
@@ -127,6 +139,8 @@ def own_bug(model, cluster, n_gpus, global_batch, precision, cap):
     (one_node, "mesh_size", "dp * tp * pp must equal n_gpus"),
     (changes_precision, "job_changed", "precision=precision"),
     (own_bug, "raised", "KeyError"),
+    (cp_outside_the_mesh, "cp_ep", "cp=2, ep=1 (dp x tp x pp x cp"),
+    (experts_split_on_dense, "cp_ep", "cp=1, ep=2"),
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_choose_plan_rejects(wrong, mistake, phrase):
     expect_rejection(check_choose_plan, wrong, mistake=mistake, phrase=phrase)

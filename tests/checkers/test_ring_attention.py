@@ -45,6 +45,12 @@ def naive_merge(o1, l1, o2, l2):
     return (o1 * e1 + o2 * e2) / (e1 + e2), torch.log(e1 + e2)
 
 
+def subtracted_lse_merge(o1, l1, o2, l2):
+    """The denominators subtracted, not added: the log of a negative number, nan, wherever l2 > l1."""
+    l = l1 + torch.log1p(-torch.exp(l2 - l1))  # noqa: E741
+    return o1 * torch.exp(l1 - l) + o2 * torch.exp(l2 - l), l
+
+
 def averaged_merge(o1, l1, o2, l2):
     return (o1 + o2) / 2, torch.logaddexp(l1, l2)
 
@@ -96,6 +102,7 @@ def zigzag_second_as_first(q_rank, q_part, k_rank, k_part, world_size, layout):
 
 @pytest.mark.parametrize("wrong_merge, wrong_rule, mistake, phrase", [
     (naive_merge, causal_block, "overflow", "no huge number"),
+    (subtracted_lse_merge, causal_block, "not_finite", "moderate scores"),  # once overflow, at any scores
     (averaged_merge, causal_block, "averaged", "not averaged"),
     (max_lse_merge, causal_block, "lse_max", "not max(l1, l2)"),
     (lesson_merge, causal_block, "used_library", "off limits"),
@@ -104,8 +111,8 @@ def zigzag_second_as_first(q_rank, q_part, k_rank, k_part, world_size, layout):
     (merge, library_pair, "used_library", "chunk_ids (utils.context_parallel.ring)"),
     (merge, off_by_one_chunk, "off_by_one_chunk", "off by one chunk"),
     (merge, zigzag_second_as_first, "zigzag_second_chunk", "not the ranks"),
-], ids=["naive_merge", "averaged_merge", "max_lse_merge", "lesson_merge", "the_lesson_merge_itself", "sdpa_merge",
-        "library_pair", "off_by_one_chunk", "zigzag_second_as_first"])
+], ids=["naive_merge", "subtracted_lse_merge", "averaged_merge", "max_lse_merge", "lesson_merge",
+        "the_lesson_merge_itself", "sdpa_merge", "library_pair", "off_by_one_chunk", "zigzag_second_as_first"])
 def test_rejects(wrong_merge, wrong_rule, mistake, phrase):
     expect_rejection(check_ring_attention, wrong_merge, wrong_rule, world_sizes=(2,), mistake=mistake, phrase=phrase)
 

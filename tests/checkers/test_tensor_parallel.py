@@ -39,7 +39,7 @@ def test_check_tp_degree_names_numbers_and_nearest_degrees():
 
 def variant(gather=False, pad=False, local_max=False, no_max=False, unmasked=False, in_place=False,
             backward_all_reduce=False, ignore_grad=False, no_one_hot=False, mean=False, one_gradient=False,
-            owner_only=False, log_of_softmax=False, mask_edge=None):
+            owner_only=False, log_of_softmax=False, mask_edge=None, gather_max=False, minus_inf_mask=False):
     """The reference with one mistake switched on."""
 
     class Answer(torch.autograd.Function):
@@ -64,6 +64,10 @@ def variant(gather=False, pad=False, local_max=False, no_max=False, unmasked=Fal
             if not local_max and not no_max:
                 if owner_only and rank != 0:
                     pass  # rank 0 alone calls it: the others never reach it
+                elif gather_max:  # every rank's (tokens,) maxes gathered, then the max taken: right, not an all-reduce
+                    tops = [torch.empty_like(top) for _ in range(n)]
+                    dist.all_gather(tops, top)
+                    top = torch.stack(tops).max(0).values
                 else:
                     dist.all_reduce(top, op=dist.ReduceOp.MAX)
             if no_max:
@@ -81,6 +85,8 @@ def variant(gather=False, pad=False, local_max=False, no_max=False, unmasked=Fal
             local = (target - start).clamp(0, width - 1)
             picked = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1)
             picked = picked if unmasked else picked * mine
+            if minus_inf_mask:  # the attention habit: -inf where the word is not mine, then a SUM over the ranks
+                picked = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(~mine, float("-inf"))
             if log_of_softmax:  # exp(x_target - M), summed over ranks: 0 in float32 when it is far below the max
                 picked = picked.exp() * mine
             dist.all_reduce(picked)
@@ -123,6 +129,8 @@ def variant(gather=False, pad=False, local_max=False, no_max=False, unmasked=Fal
     ("mean", "not_per_token", "one loss per token", (2,)),
     ("one_gradient", "backward_returns", "None", (2,)),
     ("log_of_softmax", "underflow", "far below", (3,)),
+    ("minus_inf_mask", "not_finite", "a mask of -inf", (2,)),  # once overflow, at any logits
+    ("gather_max", "not_all_reduce", "['all_gather'] moved less than the logits", (2,)),  # once gathered_logits
 ])
 def test_rejects(flag, mistake, phrase, world_sizes):
     expect_rejection(check_vocab_parallel_cross_entropy, variant(**{flag: True}), world_sizes=world_sizes,

@@ -38,6 +38,15 @@ HINTS = {
                "well as the parameters.",
     "frozen_reduced": "a frozen parameter (requires_grad=False) has no gradient: put only parameters with "
                       "requires_grad in buckets, and hook only those (torch refuses a hook on the others).",
+    "no_work": "your code called .wait() on None. Two mistakes give this symptom and the checker cannot tell them "
+               "apart from here: dist.all_reduce without async_op=True returns None, not a work to wait on; or "
+               "the bucket's all-reduce was never launched, so what you keep for it is still None (see "
+               "never_launched: its count of gradients never reached zero).",
+    "never_launched": "finish() found None where a launched bucket keeps its flat tensor and work: that bucket's "
+                      "all-reduce was never launched, because its hook never saw its last gradient. Several mistakes "
+                      "give this symptom: the count a bucket waits for includes a frozen parameter (no gradient, "
+                      "no hook) or the tied weight twice (its hook runs once per backward), a hook that is not "
+                      "registered on every trainable parameter, or counts that were not reset for this step.",
     "tied_twice": "a tied weight (mix2.weight is mix1.weight) is ONE tensor: build the buckets from "
                   "model.parameters(), which lists it once, not named_parameters(remove_duplicate=False).",
     "not_bucketed": "one all-reduce per gradient pays the fixed cost of a call once per tensor: pack the gradients "
@@ -61,6 +70,19 @@ HINTS = {
                        "slice of the flat bucket goes back into which p.grad.",
     "diverged": "the weights drift from single-process training: check that nothing else changes the weights.",
 }
+
+
+# Messages of a None met in the steps, by what the code did with it (the first phrase found names the mistake).
+# After backward every trainable parameter has a gradient, so a None used as a tensor is the frozen one's .grad.
+_TENSOR_USES = ("reshape", "view", "flatten", "numel", "copy_", "div_", "mul_", "add_", "detach", "clone",
+                "contiguous", "data", "to", "element_size", "view_as")
+STEP_PHRASES = [("has no attribute 'wait'", "no_work"), ("has no attribute 'is_completed'", "no_work"),
+                ("cannot unpack non-iterable NoneType", "never_launched"),
+                ("'NoneType' object is not subscriptable", "never_launched"),
+                ("'NoneType' object is not iterable", "never_launched"),
+                ("got NoneType", "frozen_reduced"),  # torch.cat / torch.stack of gradients, one of them None
+                ("'NoneType' and", "frozen_reduced"),  # p.grad /= n on a None gradient
+                *((f"'NoneType' object has no attribute '{use}'", "frozen_reduced") for use in _TENSOR_USES)]
 
 
 class _Watched:
@@ -252,7 +274,7 @@ def check_ddp(ddp_class, world_sizes=(2, 3), steps=3, caps=CAPS, lr=0.2, timeout
                 if len(runs[0]["steps"]) < steps:
                     raise LabCheckFailed("not_reset", f"step 0 ran, then rank {error[0]} raised {error[1]} "
                                          f"{error[2]}", HINTS["not_reset"], n)
-            raise_if_error(error, n, HINTS, phrases=[("NoneType", "frozen_reduced")])
+            raise_if_error(error, n, HINTS, phrases=STEP_PHRASES)  # any other None: a crash, its message shown
             want = _check_pattern(n, runs, probe, cap)
             grads = runs[0]["grads"]
             if grads.keys() != ref_grads.keys() or any(_max_diff(r["grads"], grads) > 0 for r in runs):

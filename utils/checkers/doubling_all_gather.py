@@ -10,7 +10,8 @@ message per step, the d chunks it holds.
 
 from .common import CheckResult, LabCheckFailed, raise_if_error
 from .halving_doubling import HINTS as SHARED
-from .halving_doubling import collectives_and_errors, doubling_plan, pattern, run_sizes, virtual_ranks, wrong_at
+from .halving_doubling import check_partners, collectives_and_errors, doubling_plan, pattern, run_sizes
+from .halving_doubling import virtual_ranks, wrong_at
 
 NAME = "doubling_all_gather"
 
@@ -29,7 +30,13 @@ HINTS = {
 }
 
 
-def _check_case(n, label, numel, ranks):
+def _partners(n, numel):
+    """{rank: its partners, in order}: ranks[v ^ d] for the p ranks that take part, nobody for those that sit out."""
+    plan = doubling_plan(numel, virtual_ranks(n))
+    return {k: plan[k][0] if k in plan else [] for k in range(n)}
+
+
+def _check_case(n, label, numel, ranks, every=()):
     """Raise LabCheckFailed for the first mistake this case shows."""
     __tracebackhide__ = True
     members = virtual_ranks(n)
@@ -45,6 +52,7 @@ def _check_case(n, label, numel, ranks):
                                 for v, m in enumerate(members)):
                 mistake = "wrong_order"  # the first message went to the farthest partner
             else:
+                check_partners(n, f"{label}: the values are wrong, and", ranks, _partners(n, numel), HINTS)
                 mistake = "wrong"
             wrong_at(n, label, numel, mistake, HINTS, k, ranks[k]["got"], ranks[k]["expected"])
     raise_if_error(error, n, HINTS)
@@ -72,7 +80,7 @@ def check_doubling_all_gather(fn, world_sizes=(2, 3, 4), timeout=20.0):
     Returns a ``CheckResult``; raises ``LabCheckFailed`` with a hint.
     """
     __tracebackhide__ = True
-    last = run_sizes(fn, "all_gather", world_sizes, timeout, NAME, _check_case, _other_size)
+    last = run_sizes(fn, "all_gather", world_sizes, timeout, NAME, _check_case, _other_size, _partners)
     lines = []
     for n, ranks in last.items():
         members = virtual_ranks(n)

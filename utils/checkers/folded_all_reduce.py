@@ -13,7 +13,8 @@ import torch
 
 from .common import CheckResult, LabCheckFailed, raise_if_error
 from .halving_doubling import HINTS as SHARED
-from .halving_doubling import collectives_and_errors, doubling_plan, inputs, pattern, run_sizes, value_mistake
+from .halving_doubling import check_partners, collectives_and_errors, doubling_plan, inputs, pattern, run_sizes
+from .halving_doubling import value_mistake
 from .halving_doubling import virtual_ranks, wrong_at
 from .doubling_all_gather import HINTS as GATHER_HINTS
 
@@ -32,6 +33,8 @@ HINTS = {
                         "at the end each odd rank sends the result back.",
     "reduce_scatter_calls": "call the reduce_scatter you were given exactly once, on every rank that takes part, "
                             "with ranks = the p ranks that run the algorithm, in virtual-rank order.",
+    "wrong_partner": SHARED["wrong_partner"] + " Outside the all-gather, a rank talks only to its fold partner: "
+                                               "the even rank below 2*rem and the odd rank after it.",
     "wrong_order": GATHER_HINTS["wrong_order"],
     "wrong": "the p ranks must all call reduce_scatter(tensor, ranks), which leaves chunk v on ranks[v], then your "
              "doubling_all_gather(tensor, ranks); check the all-gather on its own first (the cell above).",
@@ -47,7 +50,12 @@ def plan(n, numel):
     return out
 
 
-def _check_case(n, label, numel, ranks):
+def _partners(n, numel):
+    """{rank: the ranks it sends to, in order}: the fold's, the all-gather's, the unfold's."""
+    return {k: dests for k, (dests, _) in plan(n, numel).items()}
+
+
+def _check_case(n, label, numel, ranks, every=()):
     """Raise LabCheckFailed for the first mistake this case shows."""
     __tracebackhide__ = True
     members = virtual_ranks(n)
@@ -57,8 +65,12 @@ def _check_case(n, label, numel, ranks):
         wrong = [k for k in range(n) if not torch.equal(got[k], exp[k])]
         if wrong:
             folded = set(range(0, 2 * (n - len(members)), 2))
-            dropped = sum(inputs(k, numel, got[0].dtype, "cpu") for k in range(n) if k not in folded)  # not on a GPU:
-            mistake = value_mistake(n, got, exp, orig, ranks) or (  # the kernel never touches CUDA
+            # not on a GPU: the kernel never touches CUDA
+            dropped = sum(inputs(k, numel, got[0].dtype, "cpu") for k in range(n) if k not in folded)
+            mistake = value_mistake(n, got, exp, orig, ranks)
+            if mistake is None:
+                check_partners(n, f"{label}: the values are wrong, and", ranks, _partners(n, numel), HINTS)
+            mistake = mistake or (
                 "fold_dropped" if folded and all(torch.equal(got[k].cpu(), dropped) for k in wrong) else
                 "not_unfolded" if set(wrong) <= folded else "wrong")
             wrong_at(n, label, numel, mistake, HINTS, wrong[0], got[wrong[0]], exp[wrong[0]])
@@ -77,7 +89,8 @@ def _check_case(n, label, numel, ranks):
 
 def _other_size(n, err):
     __tracebackhide__ = True
-    if err.mistake in ("wrong", "crash", "raised", "deadlock", "wrong_partner", "too_many_messages", "reduce_scatter_calls"):
+    # not wrong_partner: the fold's messages are in the plan, so a rank named there folded to the wrong rank
+    if err.mistake in ("wrong", "crash", "raised", "deadlock", "too_many_messages", "reduce_scatter_calls"):
         raise LabCheckFailed("not_power_of_two", f"right on the powers of two, but not on {n} ranks:\n{err}",
                              HINTS["not_power_of_two"], n) from None
 
@@ -93,7 +106,7 @@ def check_halving_doubling_all_reduce(fn, world_sizes=(2, 3, 4), timeout=20.0):
     ``LabCheckFailed`` with a hint.
     """
     __tracebackhide__ = True
-    last = run_sizes(fn, "all_reduce", world_sizes, timeout, NAME, _check_case, _other_size)
+    last = run_sizes(fn, "all_reduce", world_sizes, timeout, NAME, _check_case, _other_size, _partners)
     lines = []
     for n, ranks in last.items():
         numel, size = ranks[0]["got"].numel(), ranks[0]["got"].element_size()

@@ -17,6 +17,9 @@ looks at three kinds of evidence:
 The tensor is cut into p chunks as ``torch.tensor_split`` cuts it (``utils.comm.subgroup.chunk_bounds``).
 """
 
+import os
+import tempfile
+
 import torch
 import torch.distributed as dist
 
@@ -42,7 +45,8 @@ HINTS = {
     "too_few_bytes": "call dist.isend / dist.irecv (or send / recv) through the dist module, so the checker sees "
                      "them.",
     "wrong_partner": "at each step a rank exchanges with the rank whose virtual rank differs in exactly one bit, "
-                     "v XOR d; a ring (rank + 1) or a root (rank 0) is a different algorithm.",
+                     "v XOR d; a ring (rank + 1) or a root (rank 0) is a different algorithm, and a rank that is "
+                     "not your partner never posts the receive your message waits for (the ranks hang).",
     "too_many_messages": "ONE message to ONE partner per step: log2 p messages per rank and phase (a ring takes "
                          "p - 1, a gather to one rank p - 1 on that rank). Send a whole range of chunks at once, "
                          "it is contiguous.",
@@ -57,9 +61,22 @@ class PeerLog:
     ``CommLedger`` counts bytes but not who they go to; this context adds that. It watches the process group's
     ``send`` (``utils.comm.process_group_calls``), where ``send``, ``isend`` and ``batch_isend_irecv``'s sends all
     arrive, however the answer named them (an ``isend`` imported before the checker started is seen too).
+    With ``path``, each send is also written to that file as it is made, a line "peer bytes": ranks that
+    hang never return their log, and the checker reads the file to tell a wrong partner from a blocking send.
     """
 
+    def __init__(self, path=None):
+        self.path = path
+
+    def _note(self, peer, size):
+        self.sends.append((peer, size))
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(f"{peer} {size}\n")
+
     def __enter__(self):
+        if self.path:
+            open(self.path, "w").close()  # this case's sends only
         self.sends = []
         self._watching = observe(self._sent)
         self._watching.__enter__()
@@ -72,7 +89,7 @@ class PeerLog:
                 peer = dist.get_global_rank(call.group, peer)  # group rank -> global rank
             except (ValueError, RuntimeError, TypeError):  # a backend object, or the default group: as it is
                 pass
-            self.sends.append((peer, payload_bytes(call)))
+            self._note(peer, payload_bytes(call))
 
     def __exit__(self, *exc):
         self._watching.__exit__(None, None, None)
@@ -104,11 +121,12 @@ def _given_reduce_scatter(calls):
     return reduce_scatter
 
 
-def on_rank(fn, kind, cases, name):
+def on_rank(fn, kind, cases, name, log_dir=None):
     """Runs on every rank: each case on a fresh tensor, inside a ledger and a peer log; stops at the first error.
 
     ``kind``: "reduce_scatter" (``fn(tensor)``), "all_gather" (``fn(tensor, ranks)``, on the virtual ranks only, from
-    chunk v alone) or "all_reduce" (``fn(tensor, reduce_scatter)``)."""
+    chunk v alone) or "all_reduce" (``fn(tensor, reduce_scatter)``). ``log_dir``: where each rank writes the sends of
+    the case it runs (``PeerLog``), read back if the ranks hang."""
     rank, n, out = dist.get_rank(), dist.get_world_size(), []
     ranks = virtual_ranks(n)
     for numel, dtype in cases:
@@ -122,7 +140,8 @@ def on_rank(fn, kind, cases, name):
                 v = ranks.index(rank)
                 b = chunk_bounds(numel, len(ranks))
                 tensor[b[v]:b[v + 1]] = expected[b[v]:b[v + 1]]
-        with CommLedger() as ledger, PeerLog() as peers:
+        log = f"{log_dir}/{rank}" if log_dir else None
+        with CommLedger() as ledger, PeerLog(log) as peers:
             try:
                 if kind == "reduce_scatter":
                     returned = fn(tensor)
@@ -142,12 +161,14 @@ def on_rank(fn, kind, cases, name):
     return out
 
 
-def run_sizes(fn, kind, world_sizes, timeout, name, check_case, other_size):
-    """Powers of two first; on each world size n, every case through ``check_case(n, label, numel, ranks)``.
+def run_sizes(fn, kind, world_sizes, timeout, name, check_case, other_size, partners=None):
+    """Powers of two first; on each world size n, every case through ``check_case(n, label, numel, ranks, every)``
+    (``every``: (numel, ranks) of all the cases the ranks ran, for a diagnosis that one case leaves open).
 
     A failure on a size that is not a power of two, once a power of two has passed, goes through
-    ``other_size(n, err)`` (which may name it as the lab's non-power-of-two mistake). Returns the
-    per-rank results of the last case on each size, for the summary."""
+    ``other_size(n, err)`` (which may name it as the lab's non-power-of-two mistake). ``partners(n, numel)``:
+    {rank: its partners}; when the ranks hang, the sends they made before (``PeerLog``'s files) name a wrong
+    partner instead of a deadlock. Returns the per-rank results of the last case on each size, for the summary."""
     __tracebackhide__ = True
     passed_power, last = False, {}
     for n in sorted(world_sizes, key=lambda k: (k & (k - 1) != 0, k)):
@@ -155,10 +176,17 @@ def run_sizes(fn, kind, world_sizes, timeout, name, check_case, other_size):
             raise ValueError(f"world size {n}: an exchange between ranks needs at least 2; use 2 to 8.")
         p, power = 1 << (n.bit_length() - 1), n & (n - 1) == 0
         try:
-            per_rank = launch_answer(on_rank, (fn, kind, cases(p), name), n, timeout, name, HINTS["deadlock"])
-            for i, (numel, dtype) in enumerate(cases(p)):
-                ranks = [r[i] for r in per_rank if i < len(r)]
-                check_case(n, f"a {numel:,}-element {str(dtype).replace('torch.', '')} tensor", numel, ranks)
+            with tempfile.TemporaryDirectory(prefix="peer-log-") as log_dir:
+                try:
+                    per_rank = launch_answer(on_rank, (fn, kind, cases(p), name, log_dir), n, timeout, name,
+                                             HINTS["deadlock"])
+                except LabCheckFailed as err:
+                    if err.mistake == "deadlock" and partners:
+                        _hung_partners(n, log_dir, partners)
+                    raise
+            every = [(numel, [r[i] for r in per_rank if i < len(r)]) for i, (numel, _) in enumerate(cases(p))]
+            for (numel, ranks), (_, dtype) in zip(every, cases(p)):
+                check_case(n, f"a {numel:,}-element {str(dtype).replace('torch.', '')} tensor", numel, ranks, every)
         except LabCheckFailed as err:
             if power or not passed_power:
                 raise
@@ -167,6 +195,22 @@ def run_sizes(fn, kind, world_sizes, timeout, name, check_case, other_size):
         passed_power |= power
         last[n] = [r[-1] for r in per_rank]
     return last
+
+
+def _hung_partners(n, log_dir, partners):
+    """The ranks hung: if one had sent to a rank that is none of its partners (the peer log files), say so."""
+    __tracebackhide__ = True
+    logged = []
+    for k in range(n):
+        try:
+            with open(os.path.join(log_dir, str(k))) as f:
+                logged.append([tuple(int(x) for x in line.split()) for line in f if line.strip()])
+        except (OSError, ValueError):
+            return  # a rank that never got to a case: nothing to read
+    # the files do not say which case hung; the partners are the same at every size, so the largest case's will do
+    wanted = partners(n, max(numel for numel, _ in cases(1 << (n.bit_length() - 1))))
+    check_partners(n, "the ranks hung and were stopped after the timeout; before that,",
+                   [dict(sends=s) for s in logged], wanted, HINTS)
 
 
 def collectives_and_errors(n, label, ranks, hints, allowed=False):
@@ -201,6 +245,24 @@ def wrong_at(n, label, numel, mistake, hints, rank, got, exp, what="the sum of t
                          hints[mistake], n)
 
 
+def check_partners(n, what, ranks, partners, hints, only=None):
+    """wrong_partner when a rank sent to a rank that is none of its partners (``partners[k]``: rank k's, any order).
+
+    Called on right values (then the pattern is all that is wrong), on wrong values (a wrong partner explains them
+    better than any guess from the values) and on the peer log of ranks that hung (a wrong partner is a rank that
+    never posts the matching receive). ``what`` starts the message; ``only``: check that rank alone."""
+    __tracebackhide__ = True
+    for k, r in enumerate(ranks):
+        if only is not None and k != only:
+            continue
+        dests = [d for d, _ in r["sends"]]
+        strangers = sorted(set(dests) - set(partners[k]))
+        if strangers:
+            raise LabCheckFailed("wrong_partner", f"{what} rank {k} sent to ranks {strangers} (its sends, in order: "
+                                 f"{dests}); its partners are ranks {sorted(set(partners[k]))}.",
+                                 hints["wrong_partner"], n)
+
+
 def pattern(n, label, ranks, partners, sent_elements, hints):
     """Right values: now to whom, how many, in which order and how many bytes each rank sent.
 
@@ -208,11 +270,8 @@ def pattern(n, label, ranks, partners, sent_elements, hints):
     ``sent_elements[k]``: the elements rank k sends in all."""
     __tracebackhide__ = True
     for k, r in enumerate(ranks):
+        check_partners(n, f"{label}: the values are right, but", ranks, partners, hints, only=k)
         dests, want = [d for d, _ in r["sends"]], partners[k]
-        strangers = sorted(set(dests) - set(want))
-        if strangers:
-            raise LabCheckFailed("wrong_partner", f"{label}: the values are right, but rank {k} sent to ranks "
-                                 f"{strangers}; its partners are ranks {sorted(set(want))}.", hints["wrong_partner"], n)
         if len(dests) > len(want):
             raise LabCheckFailed("too_many_messages", f"{label}: the values are right, but rank {k} sent {len(dests)} "
                                  f"messages (to ranks {dests}); the algorithm sends {len(want)} on this rank.",

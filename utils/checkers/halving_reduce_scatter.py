@@ -10,8 +10,9 @@ that order, one message per step, and exactly the half of its range the partner 
 import torch
 
 from ..comm.subgroup import chunk_bounds
-from .common import CheckResult, raise_if_error
-from .halving_doubling import HINTS as SHARED, collectives_and_errors, pattern, run_sizes, value_mistake, wrong_at
+from .common import CheckResult, LabCheckFailed, raise_if_error
+from .halving_doubling import HINTS as SHARED
+from .halving_doubling import check_partners, collectives_and_errors, pattern, run_sizes, value_mistake, wrong_at
 
 NAME = "halving_reduce_scatter"
 
@@ -22,9 +23,24 @@ HINTS = {
                    "the top bit of the chunk a rank ends with.",
     "mirrored": "the rank whose bit d is CLEAR (v & d == 0) keeps the LOWER half of the range and sends the upper "
                 "one; with the rule the other way round, rank v ends with chunk p - 1 - v.",
-    "uneven": "right when the tensor cuts evenly into p chunks, wrong otherwise: halve the range of CHUNKS [a, b) "
-              "at c = (a + b) // 2 and find its elements with chunk_bounds(numel, p) (torch.tensor_split's cuts); "
-              "halving the elements themselves cuts elsewhere, or drops an odd one.",
+    "halved_elements": "the lab's first trap: you halve the range of ELEMENTS [lo, hi) at its middle element, and "
+                       "that middle is a chunk boundary only when the tensor cuts evenly into p chunks (your answer is "
+                       "right there). torch.tensor_split makes the first numel % p chunks one element longer, so the "
+                       "halves of the elements and the halves of the chunks differ: halve the range of chunk indices "
+                       "and look its elements up in chunk_bounds(numel, p).",
+    "dropped_element": "each half of your range has (hi - lo) // 2 elements, so when the range is odd its last "
+                       "element belongs to neither half and is never summed (the lab's first trap): halve the range "
+                       "of chunk indices and look its elements up in chunk_bounds(numel, p), which covers every "
+                       "element.",
+    "chunk_bounds": "your chunks are not torch.tensor_split's: with numel // p elements per chunk and the remainder "
+                    "in the last one, rank v ends with other elements than chunk v of tensor_split. tensor_split "
+                    "makes the FIRST numel % p chunks one element longer: take the offsets from "
+                    "chunk_bounds(numel, p).",
+    "uneven": "right when the tensor cuts evenly into p chunks, wrong otherwise, in a way the checker could not tell "
+              "apart. Several mistakes give this symptom: halving the elements of the range instead of its chunks "
+              "(the middle element is not a chunk boundary); (hi - lo) // 2 elements per half, which drops an odd "
+              "one; chunk offsets other than torch.tensor_split's (it makes the FIRST numel % p chunks one longer). "
+              "Halve the range of CHUNKS and find its elements with chunk_bounds(numel, p).",
     "wrong": "each step halves the range of chunks [a, b) a rank holds: the rank whose bit d is clear keeps "
              "[a, c), its partner [c, b), c = (a + b) // 2, and each ADDS the half it receives (receive into a "
              "scratch buffer first: the half you keep still holds your own contribution).",
@@ -50,7 +66,58 @@ def _bit_reversed(v, p):
     return int(f"{v:0{p.bit_length() - 1}b}"[::-1], 2) if p > 1 else 0
 
 
-def _check_case(n, label, numel, ranks):
+def _halves(lo, hi, cut):
+    """The two halves of the element range [lo, hi) under ``cut``, the way each uneven mistake cuts it."""
+    if cut == "floor":  # lo + (hi - lo) // 2, the lab's first trap
+        mid = lo + (hi - lo) // 2
+        return (lo, mid), (mid, hi)
+    if cut == "ceil":  # the same, rounded up
+        mid = lo + (hi - lo + 1) // 2
+        return (lo, mid), (mid, hi)
+    half = (hi - lo) // 2  # "drop": (hi - lo) // 2 elements a half; an odd range's last element in neither
+    return (lo, lo + half), (lo + half, lo + 2 * half)
+
+
+def uneven_plan(numel, p, cut):
+    """{v: (non-empty sends as (partner, elements), element range v ends with)} of recursive halving that cuts
+    the wrong way: ``cut`` "floor", "ceil" or "drop" halves the elements, "last" halves chunks whose offsets put
+    the remainder in the last chunk (numel // p elements each). The right partners, the right rule: only the cuts
+    differ, so the checker can recognise each by its messages and by where the sums land."""
+    out = {}
+    for v in range(p):
+        lo, hi, a, b, d, sends = 0, numel, 0, p, p // 2, []
+        while d >= 1:
+            if cut == "last":
+                bounds, c = [k * (numel // p) for k in range(p)] + [numel], (a + b) // 2
+                low, high = (bounds[a], bounds[c]), (bounds[c], bounds[b])
+            else:
+                low, high = _halves(lo, hi, cut)
+            keep, give = (low, high) if v & d == 0 else (high, low)
+            if give[1] > give[0]:
+                sends.append((v ^ d, give[1] - give[0]))
+            (lo, hi), (a, b), d = keep, ((a, (a + b) // 2) if v & d == 0 else ((a + b) // 2, b)), d // 2
+        out[v] = (sends, (lo, hi))
+    return out
+
+
+UNEVEN = {"floor": "halved_elements", "ceil": "halved_elements", "drop": "dropped_element", "last": "chunk_bounds"}
+
+
+def _uneven_mistake(n, every):
+    """Which wrong cut explains every case the ranks ran (``every``: (numel, ranks) each), by the messages each rank
+    sent and where the complete sums are: the mistakes that fit. One case may fit two cuts, the cases together
+    rarely do; but on 2 ranks halving the elements and chunks with the remainder last are the same cut."""
+    named = set()
+    for cut, mistake in UNEVEN.items():
+        plans = {numel: uneven_plan(numel, n, cut) for numel, _ in every}
+        if all([(peer, size // r["got"].element_size()) for peer, size in r["sends"] if size] == plans[numel][k][0]
+               and torch.equal(r["got"][slice(*plans[numel][k][1])], r["expected"][slice(*plans[numel][k][1])])
+               for numel, ranks in every if len(ranks) == n for k, r in enumerate(ranks)):
+            named.add(mistake)
+    return sorted(named)
+
+
+def _check_case(n, label, numel, ranks, every=()):
     """Raise LabCheckFailed for the first mistake this case shows."""
     __tracebackhide__ = True
     error = collectives_and_errors(n, label, ranks, HINTS)
@@ -59,14 +126,27 @@ def _check_case(n, label, numel, ranks):
         wrong = [k for k in range(n) if not torch.equal(chunk(k, "got"), chunk(k, "expected"))]
         if wrong:
             parts = [[chunk(k, key) for k in range(n)] for key in ("got", "expected", "original")]
-            mistake = value_mistake(n, *parts, ranks)
+            mistake, fits = value_mistake(n, *parts, ranks), []
             if mistake is None:
+                plan = halving_plan(numel, n)
+                check_partners(n, f"{label}: the values are wrong, and", ranks, {v: plan[v][0] for v in plan}, HINTS)
+
                 def holds(which):  # every rank k holds chunk which(k), complete
                     return all(torch.equal(chunk(k, "got", which(k)), chunk(k, "expected", which(k))) for k in range(n))
-                mistake = ("wrong_order" if holds(lambda k: _bit_reversed(k, n)) else
-                           "mirrored" if holds(lambda k: n - 1 - k) else
-                           "uneven" if numel % n else "wrong")
+                # the first case cuts evenly: an answer that fails only on the others has the right rule and
+                # the right order, so a chunk that only looks mirrored (an empty one) is a wrong cut
+                fits = _uneven_mistake(n, every) if numel % n else []
+                mistake = (fits[0] if len(fits) == 1 else "uneven" if numel % n else
+                           "wrong_order" if holds(lambda k: _bit_reversed(k, n)) else
+                           "mirrored" if holds(lambda k: n - 1 - k) else "wrong")
             k = wrong[0]
+            if len(fits) > 1:
+                err = LabCheckFailed("uneven", f"{label}: chunk {k} on rank {k} is wrong, and several mistakes give "
+                                     f"exactly these messages and sums on {n} ranks; the checker cannot tell them "
+                                     "apart:\n" + "\n".join(f"- {m}: {HINTS[m]}" for m in fits),
+                                     HINTS["uneven"], n)
+                err.fits = fits  # check_halving_reduce_scatter asks a larger world size to tell them apart
+                raise err
             wrong_at(n, label, numel, mistake, HINTS, k, chunk(k, "got"), chunk(k, "expected"),
                      f"chunk {k} of the sum, which rank {k} must hold")
     raise_if_error(error, n, HINTS)
@@ -88,7 +168,22 @@ def check_halving_reduce_scatter(fn, world_sizes=(2, 4), timeout=20.0):
     if odd:
         raise ValueError(f"world sizes {odd}: recursive halving alone runs on a power of two of ranks; use 2, 4 or 8 "
                          "(lab 01b folds the other sizes in).")
-    last = run_sizes(fn, "reduce_scatter", world_sizes, timeout, NAME, _check_case, None)
+    partners = lambda n, numel: {v: dests for v, (dests, _) in halving_plan(numel, n).items()}  # noqa: E731
+    try:
+        last = run_sizes(fn, "reduce_scatter", world_sizes, timeout, NAME, _check_case, None, partners)
+    except LabCheckFailed as err:
+        larger = [m for m in world_sizes if m > (err.world_size or 0)]
+        if not getattr(err, "fits", None) or not larger:
+            raise
+        try:  # on 2 ranks two cuts are one; on 4 they differ: name the one this answer makes
+            run_sizes(fn, "reduce_scatter", larger[:1], timeout, NAME, _check_case, None, partners)
+        except LabCheckFailed as there:
+            if there.mistake in err.fits:
+                detail = str(there).split("\n")[0].split(": ", 1)[-1]
+                raise LabCheckFailed(there.mistake, f"on {err.world_size} ranks {' and '.join(err.fits)} look "
+                                     f"alike; on {there.world_size} ranks only {there.mistake} fits: {detail}",
+                                     there.hint, there.world_size) from None
+        raise
     lines = []
     for n, ranks in last.items():
         numel, size = ranks[0]["got"].numel(), ranks[0]["got"].element_size()

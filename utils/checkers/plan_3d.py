@@ -26,6 +26,11 @@ HINTS = {
     "used_best_plans": "write the search yourself: the lab is the search (the cap, ZeRO-2/3 in a pipeline, the boundaries).",
     "not_a_plan": "return a utils.planner.Plan(global_batch, micro_batch, dp, tp, pp, ...).",
     "job_changed": "keep the job you were given: Plan(global_batch=global_batch, ..., precision=precision).",
+    "cp_ep": "this lab's search space is dp x tp x pp: leave cp and ep at 1, Plan's defaults. cp (context parallel) "
+             "is a fourth factor of the mesh, Plan.world_size = dp * tp * pp * cp, so a cp that dp, tp and pp do "
+             "not make room for asks for more GPUs than the job has; ep (expert parallel) splits the experts of a "
+             "mixture of experts, which these models do not have. Lessons 14 and 15 (and best_plans' cp_degrees "
+             "and ep_degrees) price them.",
     "mesh_size": "dp * tp * pp must equal n_gpus: each GPU holds exactly one (dp, tp, pp) position, none idle.",
     "tp_across_nodes": "keep tensor parallelism inside a node: tp must divide cluster.gpus_per_node (its "
                        "all-reduces run every layer and micro-batch; between nodes they stall every layer).",
@@ -141,6 +146,11 @@ def judge(plan, model, cluster, n_gpus, global_batch, precision, cap, job):
     if (plan.global_batch, plan.precision) != (global_batch, precision):
         fail(HINTS, "job_changed", f"{job}: the plan has global_batch={plan.global_batch}, precision="
                                    f"{plan.precision!r}; the job is {global_batch}, {precision!r}")
+    if (plan.cp, plan.ep) != (1, 1):  # before the mesh's size: a cp > 1 multiplies it
+        sized = (f"dp x tp x pp x cp = {plan.dp} x {plan.tp} x {plan.pp} x {plan.cp} = {plan.world_size} GPUs, "
+                 f"{'the job' if plan.world_size == n_gpus else 'but the job has'} {n_gpus}")
+        fail(HINTS, "cp_ep", f"{job}: the plan has cp={plan.cp}, ep={plan.ep} ({sized}; the model has "
+                             f"{getattr(model, 'n_experts', 0) or 'no'} experts)")
     if plan.world_size != n_gpus:
         fail(HINTS, "mesh_size", f"{job}: dp={plan.dp} x tp={plan.tp} x pp={plan.pp} = {plan.world_size} GPUs, "
                                  f"but the job has {n_gpus}")

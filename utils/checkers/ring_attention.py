@@ -48,6 +48,8 @@ RING_HINTS = {  # each names the mistake and points to the idea; none gives the 
     "overflow": "an exponential overflowed float32 (above ~88.7) at scores this large: your merge forms a number "
                 "as large as e^l on the way. The weights you need are ratios of such numbers and lie between 0 and "
                 "1: can you write them so that no huge number is ever formed?",
+    "not_finite": "your merge returned inf or nan at moderate scores, where no exponential overflows: look for "
+                  "a log of 0 or of a negative number (a difference where Step 1 has a sum?) or a division by 0.",
     "not_kind": "causal_block returns one of the strings \"full\", \"diagonal\" or \"skip\".",
     "off_by_one_chunk": "your rule is off by one chunk, at the diagonal: which key chunk holds a query chunk's own "
                         "tokens, and which is the first that it sees in full?",
@@ -121,7 +123,7 @@ def check_merge(merge):
                                          f"l {tuple(l1.shape)}).")
         got_o, got_l = (t.double() for t in out)
         if not (torch.isfinite(got_o).all() and torch.isfinite(got_l).all()):
-            fail(RING_HINTS, "overflow", f"at {what}, your merge returned "
+            fail(RING_HINTS, "overflow" if scale > 1 else "not_finite", f"at {what}, your merge returned "
                                          f"{int((~torch.isfinite(got_o)).sum())} non-finite entries of o and "
                                          f"{int((~torch.isfinite(got_l)).sum())} of l.")
         if not close(got_l, l, ANSWER_TOL):

@@ -37,6 +37,10 @@ TP_HINTS = {
                        "three numbers per token from the whole vocabulary: its max (dist.all_reduce with "
                        "op=dist.ReduceOp.MAX), the sum of exp(x - max) and the target's logit (from the one rank that "
                        "holds it). All-reduce those, (tokens,) each.",
+    "not_all_reduce": "forward combined its per-token numbers with another collective than dist.all_reduce (a "
+                      "gather, a reduce to one rank, a broadcast...): the bytes are small, but every rank needs the "
+                      "same max, sum and target logit at once, which is what an all-reduce leaves; look at the op of "
+                      "each call in the list above and replace the others.",
     "extra_collectives": "forward needs at most three all-reduces of one value per token (the max, the target's logit, "
                          "the sum of exps); more moves bytes the loss does not need.",
     "missing_all_reduce": "each rank holds only v/t logits of every token: the max, the sum of exps and the target's "
@@ -56,6 +60,9 @@ TP_HINTS = {
     "underflow": "the target's logit is far below the max: exp(x_target - M) is 0 in float32 and its log is -inf. "
                  "Never take the log of a softmax: loss = log(sum of exp(x - M)) - (x_target - M), with the picked "
                  "logit itself all-reduced, not its exp.",
+    "not_finite": "the loss or its gradient is inf or nan on ordinary logits (within a few units of 0, where "
+                  "nothing overflows or underflows): look for a log of 0, a division by 0, or an infinity you "
+                  "filled in yourself (a mask of -inf, all-reduced with a SUM, stays -inf).",
     "grad_output_ignored": "backward receives grad, d(what the caller made of the losses)/d(each token's loss), not "
                            "always 1 (the checker weights the tokens): multiply your gradient by grad.unsqueeze(-1).",
     "no_one_hot": "the gradient of -x_target is -1 at the target word: subtract 1 at the target's column, on the rank "
@@ -131,9 +138,12 @@ def _judge_collectives(r, n):
     told = f"forward called {forward or 'nothing'} (op, bytes); the budget is 3 values per token = {budget} B"
     if not forward:
         fail(TP_HINTS, "missing_all_reduce", f"{told}.", n)
-    if any(op != "all_reduce" for op, _ in forward) or any(b >= whole for _, b in forward):
+    if any(b >= whole for _, b in forward):  # the logits themselves moved, whatever the collective
         fail(TP_HINTS, "gathered_logits", f"{told}; the logits themselves are {whole} B per rank, {whole * n} B in "
                                           "all.", n)
+    if any(op != "all_reduce" for op, _ in forward):  # small: per-token numbers, through another collective
+        fail(TP_HINTS, "not_all_reduce", f"{told}: {sorted({op for op, _ in forward if op != 'all_reduce'})} moved "
+                                         f"less than the logits ({whole} B per rank), but is not an all-reduce.", n)
     if sum(b for _, b in forward) > budget:
         fail(TP_HINTS, "extra_collectives", f"{told}.", n)
     if backward:
@@ -174,7 +184,8 @@ def _judge_values(case, rank, r, n):
     loss, grad = r["loss"], r["grad"]
     told = f"rank {rank}, {case} logits"
     if not (torch.isfinite(loss).all() and (grad is None or torch.isfinite(grad).all())):
-        fail(TP_HINTS, "underflow" if case == "apart" else "overflow", f"{told}: loss {loss.tolist()[:4]} ... is not finite.", n)
+        mistake = {"apart": "underflow", "large": "overflow"}.get(case, "not_finite")  # tame, spread: no extremes
+        fail(TP_HINTS, mistake, f"{told}: loss {loss.tolist()[:4]} ... is not finite.", n)
     if not close(loss, want, GRAD_TOL):
         if case == "spread":
             fail(TP_HINTS, "local_max", f"{told}: the loss is right when every rank's block has the same max and "
