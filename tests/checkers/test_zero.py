@@ -52,11 +52,30 @@ def buckets_lose_last(params, bucket_numel):
     return make_buckets(params, bucket_numel)[:-1]
 
 
+def buckets_no_return(params, bucket_numel):
+    """Builds the buckets and forgets to return them."""
+    make_buckets(params, bucket_numel)
+
+
+def buckets_flat(params, bucket_numel):
+    """One flat list of parameters, not a list of buckets."""
+    return [p for bucket in make_buckets(params, bucket_numel) for p in bucket]
+
+
+def buckets_generator(params, bucket_numel):
+    """A generator whose own code fails while the checker iterates it: still the answer's exception."""
+    for k, bucket in enumerate(make_buckets(params, bucket_numel)):
+        yield [bucket[0], params[len(params) + k]]
+
+
 @pytest.mark.parametrize("wrong, mistake, phrase", [
     (buckets_forward_order, "bucket_order", "reversed(params)"),
     (buckets_close_after, "bucket_overflow", "*before*"),
     (buckets_one_per_param, "bucket_size", "never one bucket for everything nor one per parameter"),
     (buckets_lose_last, "lost_params", "exactly one bucket"),
+    (buckets_no_return, "not_lists", "returned NoneType"),
+    (buckets_flat, "not_lists", "not a list of lists"),
+    (buckets_generator, "raised", "IndexError"),
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_make_buckets_rejects(wrong, mistake, phrase):
     expect_rejection(check_make_buckets, wrong, mistake=mistake, phrase=phrase)

@@ -23,6 +23,8 @@ BUCKET_HINTS = {
     "bucket_size": "one reduce-scatter per bucket of make_buckets(params, bucket_numel), with the bucket_numel you "
                    "are given: close a bucket only when the next parameter would overflow it, never one bucket for "
                    "everything nor one per parameter.",
+    "not_lists": "make_buckets returns a list of buckets, each a list of the parameters (the tensors themselves) "
+                 "it holds: check what your function returns (a missing `return` gives None).",
 }
 
 
@@ -51,9 +53,20 @@ def judge_buckets(sizes, buckets, bucket_numel, label):
 
 def bucket_indices(make_buckets, params, bucket_numel):
     """``make_buckets(params, bucket_numel)`` as lists of indices into ``params`` (-1: a tensor not among them)."""
+    __tracebackhide__ = True
     index = {id(p): i for i, p in enumerate(params)}
-    buckets = learner_call(make_buckets, params, bucket_numel, hints=BUCKET_HINTS,
-                           where=f"make_buckets({len(params)} tensors, bucket_numel={bucket_numel:,})")
+    where = f"make_buckets({len(params)} tensors, bucket_numel={bucket_numel:,})"
+
+    def as_lists(params, bucket_numel):  # iterating the answer's result runs its code too (a generator): inside
+        got = make_buckets(params, bucket_numel)
+        if isinstance(got, torch.Tensor) or not hasattr(got, "__iter__"):
+            return got
+        return [list(b) if hasattr(b, "__iter__") and not isinstance(b, torch.Tensor) else b for b in got]
+
+    buckets = learner_call(as_lists, params, bucket_numel, hints=BUCKET_HINTS, where=where)
+    if not isinstance(buckets, list) or not all(isinstance(b, list) for b in buckets):
+        fail(BUCKET_HINTS, "not_lists", f"{where} returned {type(buckets).__name__} "
+                                        f"{str(buckets)[:200]}, not a list of lists of parameters", None)
     return [[index.get(id(p), -1) for p in bucket] for bucket in buckets]
 
 
