@@ -30,7 +30,9 @@ def expect_rejection(check, *args, mistake, phrase=None, **kwargs):
 
 def expect_raised(check, *args, line, **kwargs):
     """The answer raises inside its own code: the checker names it ``raised``, quotes ``line`` (the answer's source
-    line, read back through linecache) and shows no frame of the checker's own code."""
+    line, read back through linecache), names no checker file in its message and chains no exception (so no
+    traceback of checker code is printed under it; the checker's own frames are hidden by ``__tracebackhide__``,
+    which this does not test)."""
     __tracebackhide__ = True
     rejected = expect_rejection(check, *args, mistake="raised", phrase=line, **kwargs)
     assert "utils/checkers" not in str(rejected) and rejected.__cause__ is None and rejected.__context__ is None, \

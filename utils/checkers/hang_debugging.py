@@ -68,7 +68,7 @@ HINTS = {
                 "tensors of the same shape, and every send needs a matching recv. Run it with "
                 "TORCH_DISTRIBUTED_DEBUG=DETAIL (the lab's run_with_detail) or add dist.monitored_barrier to see who "
                 "is missing.",
-    "crash": "the fixed program must run on every rank without error; read the traceback above.",
+    "raised": "the fixed program must run on every rank without error: read the exception and the line shown.",
     "no_communication": "the ranks no longer send each other what they must: removing the collective, or reading "
                         "the other ranks' parts of the data set (a real job's ranks hold different data in "
                         "different processes), avoids the hang. A collective left in the program is not enough: "

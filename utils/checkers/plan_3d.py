@@ -52,7 +52,7 @@ HINTS = {
                      "that a faster mesh or ZeRO stage may need.",
     "several": "the fixes are listed above, one per knob: check which values of each your search skips.",
     "not_fastest": "a faster plan exists that differs in several knobs at once: search every combination.",
-    "crash": "choose_plan must return a Plan for every job without raising; read the message and the line.",
+    "raised": "choose_plan must return a Plan for every job without raising; read the message and the line.",
     "judge_wrong": "not your mistake: the checker's own search or the planner is wrong. Report it with this message.",
     "cannot_run": "this lab's runner (lesson 09's step) cannot honour that knob; choose_plan's answer for the tiny "
                   "job must be runnable: see the lab's 'Step 2' for what runs.",

@@ -54,7 +54,7 @@ VERDICTS = {  # verdict -> what the gradebook says (a "mistake" shows the checke
     "mistake": "the checker's name for the mistake",
     "not written": "not written yet",
     "missing": "missing",          # the notebook does not define a name the part needs
-    "error": "error",              # the learner's code raised outside the checker's ranks
+    "error": "error",              # the notebook's definitions raised, or something escaped the checker's harness
     "timeout": "timeout",
     "crash": "crash",              # the grading process died (os._exit, a signal, out of memory)
     "unparsable": "does not parse",  # not a notebook (invalid JSON), or a code cell with a syntax error
