@@ -124,3 +124,17 @@ def test_calls_that_step_around_the_module_are_counted_once_under_their_name():
     records = run_ranks(run, world_size=2, verbose=False)[0]
     assert records == [("all_reduce", 400, 400.0), ("isend", 24, 24.0), ("irecv", 24, 0.0), ("isend", 24, 24.0),
                        ("irecv", 24, 0.0), ("all_reduce", 40, 40.0)]
+
+
+def test_a_ledger_inside_another_records_a_batchs_isend_as_a_send():
+    def run():
+        peer = 1 - dist.get_rank()
+        ops = [dist.P2POp(dist.isend, torch.ones(4), peer), dist.P2POp(dist.irecv, torch.empty(4), peer)]
+        with CommLedger() as outer, CommLedger() as inner:
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+        return [(r.op, r.payload_bytes, r.wire_bytes) for r in inner.records], [r.op for r in outer.records]
+
+    (inner, outer), _ = run_ranks(run, world_size=2, verbose=False)
+    assert inner == [("isend", 16, 16.0), ("irecv", 16, 0.0)], inner
+    assert outer == ["isend", "irecv"], outer

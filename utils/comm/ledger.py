@@ -172,7 +172,7 @@ class CommLedger:
             self.records.append(CommRecord(op, n, payload, wire, seconds))
             return result
 
-        recorded.ledger_original = fn
+        recorded.ledger_original = getattr(fn, "ledger_original", fn)  # torch's own, however many ledgers are open
         recorded.__name__ = op
         return recorded
 
@@ -199,7 +199,8 @@ class CommLedger:
                 self._inside.call = False
             seconds = (time.perf_counter() - start) / max(1, len(p2p_ops))
             for p in p2p_ops:
-                op = "isend" if p.op is self._originals["isend"] else "irecv"  # P2POp holds torch's own
+                isend = self._originals["isend"]
+                op = "isend" if p.op is getattr(isend, "ledger_original", isend) else "irecv"  # P2POp holds torch's own
                 payload = tensor_bytes(p.tensor)
                 n = dist.get_world_size(p.group)
                 self.records.append(CommRecord(op, n, payload, payload * RING_WIRE_FACTOR[op](n), seconds))

@@ -55,6 +55,7 @@ ENTRIES = frozenset(OPS) | {"batch_isend_irecv"}
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _TORCH_DIST = os.path.dirname(os.path.abspath(dist.__file__)) + os.sep
 _DECORATORS = ("typing_extensions.py", "warnings.py", "functools.py", "contextlib.py")  # between torch's frames
+_LOGGER = os.path.join("distributed", "c10d_logger.py")  # _exception_logger, _time_logger: they wrap every op
 _CLASSES = [cls for cls in (getattr(torch._C._distributed_c10d, name, None) for name in ("ProcessGroup", "Backend"))
             if cls is not None]
 
@@ -100,7 +101,7 @@ def _entered(frame, method):
     while frame is not None:
         filename, name = frame.f_code.co_filename, frame.f_code.co_name
         if filename.startswith(_TORCH):
-            if name != "wrapper":  # c10d_logger's decorators
+            if not filename.endswith(_LOGGER) and name != "wrapper":  # the logging decorators, whatever their name
                 outermost = name if filename.startswith(_TORCH_DIST) else f"torch's {name}"
                 op = name if name in OPS and filename.startswith(_TORCH_DIST) else op
         elif not filename.endswith(_DECORATORS):
