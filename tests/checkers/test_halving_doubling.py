@@ -97,6 +97,10 @@ def halving_remainder_last(tensor):  # chunks of numel // p elements, the remain
     _halving(tensor, bounds=lambda numel, p: [c * (numel // p) for c in range(p)] + [numel])
 
 
+def halving_spread_bounds(tensor):  # chunk c starts at c * numel // p: on 2 and 4 ranks the cut of the first trap
+    _halving(tensor, bounds=lambda numel, p: [c * numel // p for c in range(p + 1)])
+
+
 def halving_rounded_bounds(tensor):  # chunk c starts at round(c * numel / p): a cut the checker does not know
     _halving(tensor, bounds=lambda numel, p: [round(c * numel / p) for c in range(p + 1)])
 
@@ -187,6 +191,7 @@ def test_halving_plan_sends_half_the_range():
     (halving_remainder_last, (2,), "uneven", "- chunk_bounds: your chunks are not"),  # ... this one: both listed
     (halving_elements, (2, 4), "halved_elements", "on 4 ranks only halved_elements fits"),  # the notebook's sizes
     (halving_elements_rounded_up, (4,), "halved_elements", "halve the range of chunk indices"),
+    (halving_spread_bounds, (2, 4), "halved_elements", "k * numel // p cut exactly like this"),  # its hint says
     (halving_losing_odd, (2,), "dropped_element", "never summed"),
     (halving_remainder_last, (4,), "chunk_bounds", "FIRST numel % p chunks"),
     (halving_rounded_bounds, (4,), "uneven", "Several mistakes give this symptom"),

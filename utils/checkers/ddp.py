@@ -36,8 +36,11 @@ HINTS = {
                             "still state: broadcast every parameter, trainable or not.",
     "buffers": "buffers (model.buffers(): running statistics, here input_shift) are state too: broadcast them as "
                "well as the parameters.",
-    "frozen_reduced": "a frozen parameter (requires_grad=False) has no gradient: put only parameters with "
-                      "requires_grad in buckets, and hook only those (torch refuses a hook on the others).",
+    "frozen_reduced": "your code used a gradient that is None. Two mistakes give this symptom: a frozen parameter "
+                      "(requires_grad=False) has no gradient, so put only parameters with requires_grad in buckets "
+                      "and hook only those (torch refuses a hook on the others); or p.grad was read in a hook that "
+                      "runs before the gradient is accumulated into it (Tensor.register_hook; after zero_grad p.grad "
+                      "is None there): hook with register_post_accumulate_grad_hook, as the lab does.",
     "no_work": "your code called .wait() on None. Two mistakes give this symptom and the checker cannot tell them "
                "apart from here: dist.all_reduce without async_op=True returns None, not a work to wait on; or "
                "the bucket's all-reduce was never launched, so what you keep for it is still None (see "
@@ -73,7 +76,8 @@ HINTS = {
 
 
 # Messages of a None met in the steps, by what the code did with it (the first phrase found names the mistake).
-# After backward every trainable parameter has a gradient, so a None used as a tensor is the frozen one's .grad.
+# After backward every trainable parameter has a gradient, so a None used as a tensor is the frozen one's .grad,
+# or a .grad read too early (in a Tensor.register_hook hook, before accumulation): frozen_reduced's hint names both.
 _TENSOR_USES = ("reshape", "view", "flatten", "numel", "copy_", "div_", "mul_", "add_", "detach", "clone",
                 "contiguous", "data", "to", "element_size", "view_as")
 STEP_PHRASES = [("has no attribute 'wait'", "no_work"), ("has no attribute 'is_completed'", "no_work"),
@@ -81,7 +85,8 @@ STEP_PHRASES = [("has no attribute 'wait'", "no_work"), ("has no attribute 'is_c
                 ("'NoneType' object is not subscriptable", "never_launched"),
                 ("'NoneType' object is not iterable", "never_launched"),
                 ("got NoneType", "frozen_reduced"),  # torch.cat / torch.stack of gradients, one of them None
-                ("'NoneType' and", "frozen_reduced"),  # p.grad /= n on a None gradient
+                ("'NoneType' and", "frozen_reduced"),  # p.grad /= n on a None gradient (or a never-launched
+                #                                        bucket's flat /= n before its wait: the message shows where)
                 *((f"'NoneType' object has no attribute '{use}'", "frozen_reduced") for use in _TENSOR_USES)]
 
 

@@ -46,7 +46,7 @@ HINTS = {
                      "them.",
     "wrong_partner": "at each step a rank exchanges with the rank whose virtual rank differs in exactly one bit, "
                      "v XOR d; a ring (rank + 1) or a root (rank 0) is a different algorithm, and a rank that is "
-                     "not your partner never posts the receive your message waits for (the ranks hang).",
+                     "not your partner may never post the matching receive (then the ranks hang).",
     "too_many_messages": "ONE message to ONE partner per step: log2 p messages per rank and phase (a ring takes "
                          "p - 1, a gather to one rank p - 1 on that rank). Send a whole range of chunks at once, "
                          "it is contiguous.",

@@ -24,16 +24,19 @@ HINTS = {
     "mirrored": "the rank whose bit d is CLEAR (v & d == 0) keeps the LOWER half of the range and sends the upper "
                 "one; with the rule the other way round, rank v ends with chunk p - 1 - v.",
     "halved_elements": "the lab's first trap: you halve the range of ELEMENTS [lo, hi) at its middle element, and "
-                       "that middle is a chunk boundary only when the tensor cuts evenly into p chunks (your answer is "
-                       "right there). torch.tensor_split makes the first numel % p chunks one element longer, so the "
-                       "halves of the elements and the halves of the chunks differ: halve the range of chunk indices "
-                       "and look its elements up in chunk_bounds(numel, p).",
+                       "that middle is often not a chunk boundary when the tensor does not cut evenly into p chunks "
+                       "(your answer is right when it does). torch.tensor_split makes the first numel % p chunks one "
+                       "element longer, so the halves of the elements and the halves of the chunks differ: halve the "
+                       "range of chunk indices "
+                       "and look its elements up in chunk_bounds(numel, p). (Chunk offsets k * numel // p cut "
+                       "exactly like this on 2 and 4 ranks: if that is what you wrote, the fix is the same.)",
     "dropped_element": "each half of your range has (hi - lo) // 2 elements, so when the range is odd its last "
                        "element belongs to neither half and is never summed (the lab's first trap): halve the range "
                        "of chunk indices and look its elements up in chunk_bounds(numel, p), which covers every "
                        "element.",
-    "chunk_bounds": "your chunks are not torch.tensor_split's: with numel // p elements per chunk and the remainder "
-                    "in the last one, rank v ends with other elements than chunk v of tensor_split. tensor_split "
+    "chunk_bounds": "your chunks are not torch.tensor_split's: with offsets of your own (numel // p elements per "
+                    "chunk and the remainder in the last one, or k * numel // p), rank v ends with other elements "
+                    "than chunk v of tensor_split. tensor_split "
                     "makes the FIRST numel % p chunks one element longer: take the offsets from "
                     "chunk_bounds(numel, p).",
     "uneven": "right when the tensor cuts evenly into p chunks, wrong otherwise, in a way the checker could not tell "
@@ -81,14 +84,17 @@ def _halves(lo, hi, cut):
 def uneven_plan(numel, p, cut):
     """{v: (non-empty sends as (partner, elements), element range v ends with)} of recursive halving that cuts
     the wrong way: ``cut`` "floor", "ceil" or "drop" halves the elements, "last" halves chunks whose offsets put
-    the remainder in the last chunk (numel // p elements each). The right partners, the right rule: only the cuts
-    differ, so the checker can recognise each by its messages and by where the sums land."""
+    the remainder in the last chunk (numel // p elements each), "spread" chunks at offsets k * numel // p. The
+    right partners, the right rule: only the cuts differ, so the checker can recognise each by its messages and by
+    where the sums land."""
     out = {}
     for v in range(p):
         lo, hi, a, b, d, sends = 0, numel, 0, p, p // 2, []
         while d >= 1:
-            if cut == "last":
-                bounds, c = [k * (numel // p) for k in range(p)] + [numel], (a + b) // 2
+            if cut in ("last", "spread"):
+                bounds = ([k * (numel // p) for k in range(p)] + [numel] if cut == "last"
+                          else [k * numel // p for k in range(p + 1)])
+                c = (a + b) // 2
                 low, high = (bounds[a], bounds[c]), (bounds[c], bounds[b])
             else:
                 low, high = _halves(lo, hi, cut)
@@ -100,21 +106,24 @@ def uneven_plan(numel, p, cut):
     return out
 
 
-UNEVEN = {"floor": "halved_elements", "ceil": "halved_elements", "drop": "dropped_element", "last": "chunk_bounds"}
+UNEVEN = {"floor": "halved_elements", "ceil": "halved_elements", "drop": "dropped_element", "last": "chunk_bounds",
+          "spread": "chunk_bounds"}  # spread: offsets k * numel // p, on 2 and 4 ranks the same cut as "floor"
 
 
 def _uneven_mistake(n, every):
     """Which wrong cut explains every case the ranks ran (``every``: (numel, ranks) each), by the messages each rank
     sent and where the complete sums are: the mistakes that fit. One case may fit two cuts, the cases together
     rarely do; but on 2 ranks halving the elements and chunks with the remainder last are the same cut."""
-    named = set()
-    for cut, mistake in UNEVEN.items():
+    fit = set()
+    for cut in UNEVEN:
         plans = {numel: uneven_plan(numel, n, cut) for numel, _ in every}
         if all([(peer, size // r["got"].element_size()) for peer, size in r["sends"] if size] == plans[numel][k][0]
                and torch.equal(r["got"][slice(*plans[numel][k][1])], r["expected"][slice(*plans[numel][k][1])])
                for numel, ranks in every if len(ranks) == n for k, r in enumerate(ranks)):
-            named.add(mistake)
-    return sorted(named)
+            fit.add(cut)
+    if {"floor", "spread"} <= fit:  # the same cut up to 4 ranks: the lab's trap, whose hint names the other too
+        fit.discard("spread")
+    return sorted({UNEVEN[cut] for cut in fit})
 
 
 def _check_case(n, label, numel, ranks, every=()):

@@ -38,9 +38,11 @@ TP_HINTS = {
                        "op=dist.ReduceOp.MAX), the sum of exp(x - max) and the target's logit (from the one rank that "
                        "holds it). All-reduce those, (tokens,) each.",
     "not_all_reduce": "forward combined its per-token numbers with another collective than dist.all_reduce (a "
-                      "gather, a reduce to one rank, a broadcast...): the bytes are small, but every rank needs the "
-                      "same max, sum and target logit at once, which is what an all-reduce leaves; look at the op of "
-                      "each call in the list above and replace the others.",
+                      "gather, a reduce to one rank, a broadcast...). An all-gather of them can leave every rank "
+                      "the right numbers, but each rank then receives one value per rank for every token, bytes "
+                      "that grow with the tensor-parallel degree, where an all-reduce leaves each rank one; a reduce "
+                      "leaves the result on one rank only, a broadcast copies one rank's numbers. The lab asks for "
+                      "all-reduces: look at the op of each call in the list above and replace the others.",
     "extra_collectives": "forward needs at most three all-reduces of one value per token (the max, the target's logit, "
                          "the sum of exps); more moves bytes the loss does not need.",
     "missing_all_reduce": "each rank holds only v/t logits of every token: the max, the sum of exps and the target's "
