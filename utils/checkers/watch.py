@@ -22,6 +22,7 @@ import _thread
 import sys
 import threading
 
+from .guard import Guard
 from .harness import learner_call
 
 __all__ = ["TAMPER_HINT", "Watcher", "watched_call", "refuse_tampering"]
@@ -71,28 +72,38 @@ class Watcher:
     def __exit__(self, *exc):
         self.active = False  # first: the checks below are calls too
         still = sys.getprofile() is self and threading.getprofile() is self
-        sys.setprofile(self._old[0])
+        if hasattr(threading, "setprofile_all_threads"):  # Python 3.12+: the running threads had it too
+            threading.setprofile_all_threads(self._old[0])
+        else:
+            sys.setprofile(self._old[0])
         threading.setprofile(self._old[1])
         if not still:
             self.tampered.append("the profile hook was gone when the call returned")
         return False
 
 
-def watched_call(fn, args, forbidden, where=None, hints=None, **how):
+def watched_call(fn, args, forbidden, where=None, hints=None, guard=None, **how):
     """``fn(*args)`` under the ``Watcher``: (its result, the label of the first call ``forbidden`` names, or None).
 
     ``forbidden(frame, event, arg)`` returns a label for a call the lab refuses (the library that does what the lab
     asks you to write, the checker's own search: both ship to learners), else None; the caller fails with its hint.
     An exception the answer raises goes through ``learner_call`` (``where``, ``hints`` and ``how``: its
     ``phrases``, ``let_through``, ``mistake_of``); a hook switched off is
-    ``LabCheckFailed("tampered")``.
+    ``LabCheckFailed("tampered")``. ``guard``: a ``Guard`` of the key targets, on for the call; a call it
+    recorded is the label returned, even when the answer caught the refusal or raised something else.
     """
     __tracebackhide__ = True
     name = where or f"{getattr(fn, '__name__', 'your function')}{tuple(args)}"
-    with Watcher(forbidden) as watcher:
-        result = learner_call(fn, *args, where=name, hints=hints or {}, **how)
+    guard = guard or Guard()
+    try:
+        with Watcher(forbidden) as watcher, guard:
+            result = learner_call(fn, *args, where=name, hints=hints or {}, **how)
+    except BaseException:  # Refused, or what the answer made of it: the record names the mistake
+        if not guard.records or sys.exc_info()[0] is KeyboardInterrupt:
+            raise
+        result = None
     refuse_tampering(watcher.tampered, name)
-    return result, (watcher.seen[0] if watcher.seen else None)
+    return result, (guard.records + watcher.seen or [None])[0]
 
 
 def refuse_tampering(tampered, where, world_size=None):
