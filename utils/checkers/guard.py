@@ -114,6 +114,8 @@ class Guard:
     def __init__(self, functions=(), attributes=(), allow_utils=False):
         self.functions, self.attributes, self.allow_utils = list(functions), list(attributes), allow_utils
         self.records, self._undo = [], []
+        for fn, _ in self.functions:  # the stubs made now, before any hook watches
+            _stub(fn)
 
     def __enter__(self):
         try:

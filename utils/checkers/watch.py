@@ -96,7 +96,7 @@ def watched_call(fn, args, forbidden, where=None, hints=None, guard=None, **how)
     name = where or f"{getattr(fn, '__name__', 'your function')}{tuple(args)}"
     guard = guard or Guard()
     try:
-        with Watcher(forbidden) as watcher, guard:
+        with guard, Watcher(forbidden) as watcher:
             result = learner_call(fn, *args, where=name, hints=hints or {}, **how)
     except BaseException:  # Refused, or what the answer made of it: the record names the mistake
         if not guard.records or sys.exc_info()[0] is KeyboardInterrupt:
