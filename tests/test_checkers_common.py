@@ -5,8 +5,11 @@
 - The watcher of forbidden calls sees a call made in a thread the answer starts, and refuses an answer that
   switches it off (``tampered``). Lab 06's checker is the example: torch's schedules, and the checker's own
   ``_torch_rank_orders``, compute the order the lab asks for.
+- The guard (utils/checkers/guard.py) trips those targets in place: the hook switched off where it cannot see it
+  (a ``partial`` of sys.setprofile, in a thread too) hides no call, and every ``__code__`` is put back.
 """
 
+import functools
 import sys
 import threading
 
@@ -14,7 +17,9 @@ import pytest
 import torch.distributed.pipelining  # noqa: F401 - what lab 06's checker imports: not under a profile hook, in a test
 
 from lab_grading import expect_rejection
+from utils.checkers import pipeline_schedule
 from utils.checkers.common import LabCheckFailed, learner_call
+from utils.checkers.guard import Guard, Refused, module_functions
 from utils.checkers.pipeline_schedule import _torch_rank_orders, check_interleaved
 from utils.checkers.watch import Watcher
 
@@ -77,20 +82,103 @@ def restores_the_watcher_afterwards(rank, ranks, microbatches, chunks):
     return order
 
 
+def _hook_off_unseen(rank, ranks, microbatches, chunks):
+    """Bypass 1: builtins called from C (a partial) emit no c_call: the hook taken, switched off and put back."""
+    hook = functools.partial(sys.getprofile)()
+    functools.partial(sys.setprofile, None)()
+    try:
+        return _torch_rank_orders(ranks, microbatches, chunks)[rank]
+    finally:
+        functools.partial(sys.setprofile, hook)()
+
+
+def hook_off_unseen(rank, ranks, microbatches, chunks):
+    _refuses_uneven(ranks, microbatches)
+    return _hook_off_unseen(rank, ranks, microbatches, chunks)
+
+
+def hook_off_in_a_thread(rank, ranks, microbatches, chunks):
+    """Bypass 2: the same in a thread the answer starts; the main thread's hook stays in place."""
+    _refuses_uneven(ranks, microbatches)
+    out = []
+    worker = threading.Thread(target=lambda: out.append(_hook_off_unseen(rank, ranks, microbatches, chunks)))
+    worker.start()
+    worker.join()
+    return out[0]
+
+
+def catches_the_refusal(rank, ranks, microbatches, chunks):
+    """Whatever the answer makes of the refusal, the record names the mistake."""
+    _refuses_uneven(ranks, microbatches)
+    try:
+        return _torch_rank_orders(ranks, microbatches, chunks)[rank]
+    except BaseException:  # noqa: BLE001 - planted: the answer hides the refusal
+        raise ValueError("nothing to see here") from None
+
+
 @pytest.mark.parametrize("wrong, mistake, phrase", [
     (torch_order_in_a_thread, "used_torch", "write the order yourself"),
     (switches_the_watcher_off, "tampered", "sys.setprofile"),
     (restores_the_watcher_afterwards, "tampered", "sys.getprofile"),
-], ids=["forbidden call in a thread", "sys.setprofile(None)", "hook taken and put back"])
+    (hook_off_unseen, "used_torch", "_torch_rank_orders (pipeline_schedule.py)"),
+    (hook_off_in_a_thread, "used_torch", "_torch_rank_orders (pipeline_schedule.py)"),
+    (catches_the_refusal, "used_torch", "write the order yourself"),
+], ids=["forbidden call in a thread", "sys.setprofile(None)", "hook taken and put back", "hook off by a partial",
+        "hook off by a partial, in a thread", "refusal caught"])
 def test_the_watcher_cannot_be_stepped_around(wrong, mistake, phrase):
+    from torch.distributed.pipelining import schedules
+
+    codes = {f: f.__code__ for m in (schedules, pipeline_schedule) for f in module_functions(m)}
     expect_rejection(check_interleaved, wrong, world_sizes=(), mistake=mistake, phrase=phrase)
+    assert [f for f, code in codes.items() if f.__code__ is not code] == []  # every target put back
+    assert sys.getprofile() is None or "coverage" in type(sys.getprofile()).__module__
+
+
+def _target(x, scale=2, *, shift=0):
+    return x * scale + shift + len(_target.__name__)
+
+
+def _closure_target():
+    offset = 3
+
+    def inner(x):
+        return x + offset
+    return inner
+
+
+def test_the_guard_trips_every_alias_and_puts_the_code_back():
+    """A name, a partial, a thread target, a pool task: each runs the stub; the course's own callers (allow_utils)
+    are not the learner's; a function with free variables is tripped too, and all is restored after a raise."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    inner = _closure_target()
+    codes = _target.__code__, inner.__code__
+    alias = _target
+    for call in (lambda: alias(1), functools.partial(_target, 1), lambda: inner(1),
+                 lambda: ThreadPoolExecutor(1).submit(_target, 1).result()):
+        with pytest.raises(Refused), Guard([(_target, "target"), (inner, "inner")]) as guard:
+            call()
+        assert guard.records and (_target.__code__, inner.__code__) == codes
+    with pytest.raises(Refused), Guard([(_target, "target")], allow_utils=True) as guard:
+        assert learner_call(_target, 1, 3, where="t", hints={}, shift=1) == 11  # from utils: the original runs
+        _target(1)  # a test's frame is the learner's
+    assert guard.records == ["target"] and _target.__code__ is codes[0]
 
 
 def test_the_watcher_is_removed_from_every_thread_it_covered():
+    """Python 3.12+ sets the hook on the running threads too (setprofile_all_threads): it must go from them too."""
+    go, seen = threading.Event(), []
+    running = threading.Thread(target=lambda: (go.wait(5), seen.append(sys.getprofile())))
+    running.start()
+
+
     before = sys.getprofile(), threading.getprofile()
     with Watcher(lambda frame, event, arg: None) as watcher:
         pass  # (asking for the hook in here is what a tampering answer does)
+    go.set()
+    running.join()
     assert (sys.getprofile(), threading.getprofile()) == before and not watcher.tampered
+    assert seen == [before[0]]
 
 
 def test_a_graded_notebooks_line_is_quoted(tmp_path):

@@ -10,6 +10,8 @@ own search is wrong, a plan the run cannot honour. The lab's notebook runs in te
 
 import dataclasses
 import sys
+import types
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -83,6 +85,29 @@ def calls_the_checkers_search(model, cluster, n_gpus, global_batch, precision, c
     return plan_3d.optimum(model, cluster, n_gpus, global_batch, precision, cap)[1]  # the judge's own search, shipped
 
 
+_POOL = ThreadPoolExecutor(1)  # a pool started "in an earlier cell": its thread never had the checker's hook
+_POOL.submit(int).result()
+_BEST_PLANS_COPY = types.FunctionType(best_plans.__code__.replace(co_firstlineno=1), best_plans.__globals__,
+                                      "my_search", best_plans.__defaults__)  # a copy: unequal to best_plans' code
+_BEST_PLANS_COPY.__kwdefaults__ = best_plans.__kwdefaults__
+
+
+def best_plans_in_an_old_pool(model, cluster, n_gpus, global_batch, precision, cap):
+    return _POOL.submit(calls_best_plans, model, cluster, n_gpus, global_batch, precision, cap).result()
+
+
+def best_plans_copied(model, cluster, n_gpus, global_batch, precision, cap):
+    return _BEST_PLANS_COPY(model, dataclasses.replace(cluster, memory_bytes=cap), n_gpus, global_batch,
+                            precision=precision)[0][1]
+
+
+def best_plans_refusal_caught(model, cluster, n_gpus, global_batch, precision, cap):
+    try:
+        return calls_best_plans(model, cluster, n_gpus, global_batch, precision, cap)
+    except BaseException:  # noqa: BLE001 - planted: the answer hides the refusal and answers anyway
+        return choose_plan(model, cluster, n_gpus, global_batch, precision, cap)
+
+
 def one_big_microbatch(model, cluster, n_gpus, global_batch, precision, cap):
     """The largest micro-batch 'to fill the GPU' in a pipeline: on the batch of 24, m = 24 / (2 * 4) = 3 < p = 4."""
     if global_batch == 24:
@@ -134,6 +159,9 @@ def own_bug(model, cluster, n_gpus, global_batch, precision, cap):
     (ignores_cap, "over_cap", "memory.total <= memory_cap"),
     (calls_best_plans, "used_best_plans", "write the search yourself"),
     (calls_the_checkers_search, "used_best_plans", "the checker's own search"),
+    (best_plans_in_an_old_pool, "used_best_plans", "utils.planner.best_plans"),
+    (best_plans_copied, "used_best_plans", "utils.planner.best_plans"),
+    (best_plans_refusal_caught, "used_best_plans", "utils.planner.best_plans"),
     (one_big_microbatch, "pipeline_starved", "m >= p"),
     (tp_everywhere, "tp_across_nodes", "inside a node"),
     (one_node, "mesh_size", "dp * tp * pp must equal n_gpus"),
@@ -143,7 +171,9 @@ def own_bug(model, cluster, n_gpus, global_batch, precision, cap):
     (experts_split_on_dense, "cp_ep", "cp=1, ep=2"),
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_choose_plan_rejects(wrong, mistake, phrase):
+    codes = [f.__code__ for f in (best_plans, plan_3d.lab_plans, plan_3d.optimum)]
     expect_rejection(check_choose_plan, wrong, mistake=mistake, phrase=phrase)
+    assert [f.__code__ for f in (best_plans, plan_3d.lab_plans, plan_3d.optimum)] == codes  # put back
 
 
 def test_a_judge_that_misses_plans_says_so(monkeypatch):

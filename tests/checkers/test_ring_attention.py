@@ -7,15 +7,21 @@ ring attention. Each classic mistake is planted here, and the test asserts that 
 tests/test_notebooks.py.
 """
 
+import functools
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from lab_grading import expect_raised, expect_rejection
 from utils.course.notebook_runner import ROOT
+from utils.checkers.guard import module_functions
 from utils.checkers.ring_attention import RING_HINTS, _partials, check_ring_attention
+from utils.context_parallel import ring as ring_module
 from utils.context_parallel.ring import merge as the_lesson_merge
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
@@ -72,6 +78,30 @@ def sdpa_merge(o1, l1, o2, l2):
     return merge(o1, l1, o2, l2)
 
 
+def sdpa_through_a_partial(o1, l1, o2, l2):
+    """Bypass 5: a builtin called from C (a partial) emits no c_call for the hook."""
+    functools.partial(F.scaled_dot_product_attention, o1, o1, o1)()
+    return merge(o1, l1, o2, l2)
+
+
+def lesson_merge_as_a_thread_target(o1, l1, o2, l2):
+    """Bypass 3: in the ranks only (the kernel's check sees any call into the module), the lesson's merge run by a
+    thread: its caller is threading's, not the answer's."""
+    if dist.is_initialized():
+        out = []
+        worker = threading.Thread(target=lambda: out.append(ring_module.merge((o1, l1), (o2, l2))))
+        worker.start()
+        worker.join()
+    return merge(o1, l1, o2, l2)
+
+
+def lesson_merge_as_a_pool_task(o1, l1, o2, l2):
+    if dist.is_initialized():
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(ring_module.merge, (o1, l1), (o2, l2)).result()
+    return merge(o1, l1, o2, l2)
+
+
 def off_by_one_chunk(q_rank, q_part, k_rank, k_part, world_size, layout):
     """The diagonal one chunk late: chunk i sees chunk i - 1 as a triangle."""
     def chunk(rank, part):
@@ -108,13 +138,21 @@ def zigzag_second_as_first(q_rank, q_part, k_rank, k_part, world_size, layout):
     (lesson_merge, causal_block, "used_library", "off limits"),
     (the_lesson_merge, causal_block, "used_library", "off limits"),
     (sdpa_merge, causal_block, "used_library", "scaled_dot_product_attention"),
+    (sdpa_through_a_partial, causal_block, "used_library", "scaled_dot_product_attention"),
+    (lesson_merge_as_a_thread_target, causal_block, "used_library", "called the lesson's merge (utils"),
+    (lesson_merge_as_a_pool_task, causal_block, "used_library", "called the lesson's merge (utils"),
     (merge, library_pair, "used_library", "chunk_ids (utils.context_parallel.ring)"),
     (merge, off_by_one_chunk, "off_by_one_chunk", "off by one chunk"),
     (merge, zigzag_second_as_first, "zigzag_second_chunk", "not the ranks"),
 ], ids=["naive_merge", "subtracted_lse_merge", "averaged_merge", "max_lse_merge", "lesson_merge",
-        "the_lesson_merge_itself", "sdpa_merge", "library_pair", "off_by_one_chunk", "zigzag_second_as_first"])
+        "the_lesson_merge_itself", "sdpa_merge", "sdpa_through_a_partial", "thread_target_in_ranks",
+        "pool_task_in_ranks", "library_pair", "off_by_one_chunk", "zigzag_second_as_first"])
 def test_rejects(wrong_merge, wrong_rule, mistake, phrase):
+    targets = [(f, f.__code__) for f in module_functions(ring_module)]
+    sdpa = F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention
     expect_rejection(check_ring_attention, wrong_merge, wrong_rule, world_sizes=(2,), mistake=mistake, phrase=phrase)
+    assert [f for f, code in targets if f.__code__ is not code] == []  # every target put back
+    assert (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention) == sdpa
 
 
 def test_detached_merge_gives_wrong_gradients():

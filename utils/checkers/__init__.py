@@ -5,7 +5,8 @@
 - ``harness``: every call into learner code, in the kernel (``learner_call``) and in the ranks (``caught``): what
   the answer raises is the mistake ``raised``, with the answer's own line.
 - ``watch``: the watcher of forbidden calls (``watched_call``, ``Watcher``), on every thread, refusing an answer
-  that switches it off (``tampered``).
+  that switches it off (``tampered``); ``guard``: the key targets tripped in place while the answer runs
+  (``Guard``), so that no alias, ``partial``, thread or pool task reaches them unseen.
 - ``halving_doubling``: what labs 01a and 01b share (the peer log, the cases, the pattern check, ``virtual_ranks``).
 - ``halving_reduce_scatter``: lab 01a, ``check_halving_reduce_scatter``.
 - ``doubling_all_gather``: lab 01b, ``check_doubling_all_gather``.

@@ -14,7 +14,8 @@ here): in the kernel ``learner_call``, which turns an exception the answer raise
 ``raised`` with the answer's own line; inside the ranks, where an exception would end the rank and hide
 what the other ranks saw, the checker's rank function catches it and returns it as data,
 ``caught(exc, where)``, and the checker raises it in the notebook with ``raise_if_error``. Forbidden
-calls are refused on every thread by ``watched_call`` (``utils.checkers.watch``). A hang or a crash
+calls are refused on every thread by ``watched_call`` (``utils.checkers.watch``, with the targets tripped in
+place by ``utils.checkers.guard``). A hang or a crash
 outside the learner's code comes back from ``launch_answer`` as a ``LabCheckFailed`` that says what a
 hang usually means in that lab.
 """

@@ -28,7 +28,8 @@ import sysconfig
 import torch
 import torch.distributed as dist
 
-__all__ = ["RAISED_HINT", "answer_line", "learner_call", "caught", "first_error", "raise_if_error"]
+__all__ = ["RAISED_HINT", "answer_line", "is_learners", "is_utils", "learner_call", "caught", "first_error",
+           "raise_if_error"]
 
 RAISED_HINT = ("your code raised the exception above, at the line shown: read its message there, fix that line, "
                "and run the check again.")
@@ -48,6 +49,11 @@ def is_learners(filename):
     if filename.startswith("<"):  # <ipython-input-...>
         return True
     return not os.path.abspath(filename).startswith(_NOT_THE_LEARNERS) and "site-packages" not in filename
+
+
+def is_utils(filename):
+    """Is ``filename`` (a code object's) under this course's ``utils/``?"""
+    return not filename.startswith("<") and os.path.abspath(filename).startswith(_UTILS)
 
 
 def answer_line(exc):

@@ -25,6 +25,7 @@ GPipe, too little warm-up) gives the right gradients and is rejected by what it 
    process); on p launched ranks, the one a real ``ScheduleInterleaved1F1B`` builds.
 """
 
+import sys
 
 import torch.distributed as dist
 from torch import nn
@@ -32,6 +33,7 @@ from torch import nn
 from ..launch import rank_device
 from ..pipeline import PipelineDeadlock, bubble_fraction, idle_fraction, peak_in_flight, simulate
 from .common import CheckResult, caught, fail, first_error, launch_answer, learner_call, raise_if_error, watched_call
+from .guard import Guard, module_functions
 
 # (p, m, v); m = p last: there a warm-up one forward too long is every forward first on some ranks, so the cases
 # with m > p come first and name that mistake as what it is
@@ -77,8 +79,17 @@ def _bound(rank, p, m, v):
     return min(total, (p - rank - 1) * 2 + (v - 1) * p + 1)
 
 
+def _guard():
+    """Every function of torch's schedules module and of this checker, tripped while the learner's function runs."""
+    from torch.distributed.pipelining import schedules
+
+    return Guard([(f, f"{f.__qualname__} ({m.__name__.rsplit('.', 1)[-1]}.py)")
+                  for m in (schedules, sys.modules[__name__]) for f in module_functions(m)])
+
+
 def _own(fn, *args):
-    """``fn(*args)``, refused when it let torch's schedules, or this checker, compute the order (a profile hook)."""
+    """``fn(*args)``, refused when it let torch's schedules, or this checker, compute the order: a profile hook sees
+    a call into either module, and the guard trips each of their functions (an alias, a thread, the hook off)."""
     __tracebackhide__ = True
 
     def forbidden(frame, event, arg):
@@ -86,7 +97,7 @@ def _own(fn, *args):
         if event == "call" and (where == __file__ or where.endswith(TORCH_SCHEDULES)):
             return f"{frame.f_code.co_name} ({where.rsplit('/', 1)[-1]})"
 
-    ops, seen = watched_call(fn, args, forbidden, where=f"fn{args}", hints=PIPELINE_HINTS)
+    ops, seen = watched_call(fn, args, forbidden, where=f"fn{args}", hints=PIPELINE_HINTS, guard=_guard())
     if seen:
         fail(PIPELINE_HINTS, "used_torch", f"fn{args} called {seen}: the order came from torch, not from you.")
     return ops

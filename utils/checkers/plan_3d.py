@@ -3,8 +3,8 @@ fastest, and does its mesh train the tiny Llama of lesson 09 exactly like one pr
 
 ``check_choose_plan(choose_plan)`` calls the learner's search on jobs (model, cluster, GPUs, batch, precision,
 memory cap per rank) and compares each answer with the checker's own enumeration of the lab's space (``lab_plans``,
-not ``utils.planner.best_plans``: a judge must not share the search it judges; a profile hook refuses a learner's
-call to either search). A slower answer is diagnosed by the knobs that, held at its values, leave no faster plan; an answer
+not ``utils.planner.best_plans``: a judge must not share the search it judges; a profile hook and a guard that trips
+both searches in place, ``utils.checkers.guard``, refuse a learner's call to either, through any alias or copy). A slower answer is diagnosed by the knobs that, held at its values, leave no faster plan; an answer
 faster than the checker's optimum means the checker or the planner is wrong, and says so. ``check_plan_run``
 trains the plan on CPU ranks with ``utils.mesh.parallelize3d.train`` (lesson 09's step, which takes the ``Plan``
 itself: its mesh, micro-batches, schedule and checkpointing), and refuses, before launching, a plan with a knob that
@@ -19,6 +19,7 @@ from ..mesh import parallelize3d
 from ..mesh.plan3d import BATCH, SHAPE, unrunnable
 from ..sharding.memory import zero_bytes_per_rank
 from .common import GRAD_TOL, CheckResult, LabCheckFailed, close, fail, launch_answer, watched_call
+from .guard import Guard, code_key
 
 SPACE = dict(micro_batch=(1, 2, 4), v=(1, 2), zero_stage=(0, 1, 2, 3), checkpointing=planner.CHECKPOINTING)
 KNOBS = ("mesh", "micro_batch", "v", "zero_stage", "checkpointing")  # what a diagnosis holds, one (or two) at a time
@@ -118,12 +119,13 @@ def call_choose_plan(choose_plan, job, args):
     """choose_plan(*args), any exception turned into a named mistake; a call to best_plans refused."""
     __tracebackhide__ = True
     # the planner's search and the checker's own (which ships to learners too): a search the lab asks you to write
-    targets = {planner.best_plans.__code__: "utils.planner.best_plans",
-               lab_plans.__code__: "the checker's own search (utils.checkers.plan_3d.lab_plans)",
-               optimum.__code__: "the checker's own search (utils.checkers.plan_3d.optimum)"}
+    targets = {planner.best_plans: "utils.planner.best_plans",
+               lab_plans: "the checker's own search (utils.checkers.plan_3d.lab_plans)",
+               optimum: "the checker's own search (utils.checkers.plan_3d.optimum)"}
+    by_code = {code_key(f.__code__): label for f, label in targets.items()}  # a code.replace() copy matches too
 
     def forbidden(frame, event, arg):
-        return targets.get(frame.f_code) if event == "call" else None
+        return by_code.get(code_key(frame.f_code)) if event == "call" else None
 
     def planner_refused(err):  # a ValueError raised in the planner (Plan, estimate): a plan that does not divide
         tb = err.__traceback__
@@ -132,7 +134,7 @@ def call_choose_plan(choose_plan, job, args):
         return "divisibility" if isinstance(err, ValueError) and "/planner/" in tb.tb_frame.f_code.co_filename else None
 
     plan, seen = watched_call(choose_plan, args, forbidden, where=f"{job}: choose_plan", hints=HINTS,
-                              mistake_of=planner_refused)
+                              mistake_of=planner_refused, guard=Guard(targets.items()))
     if seen:
         fail(HINTS, "used_best_plans", f"{job}: choose_plan called {seen}")
     return plan

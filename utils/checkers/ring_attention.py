@@ -12,7 +12,8 @@ Same conventions as ``utils.checkers.common``. In order:
 
 1. **own work**: the lesson's ring module (``utils.context_parallel.ring``: its ``merge``, its own causal rule
    ``_pair``, ``chunk_ids``, ``shard``...) and ``F.scaled_dot_product_attention`` are off limits: a call into either
-   while the learner's functions run is refused (``used_library``);
+   while the learner's functions run is refused (``used_library``), seen by the profile hook and by the guard that
+   trips them in place (``utils.checkers.guard``: an alias, a ``partial``, a thread's target or a pool's task too);
 2. **merge**, in this process, float32: at moderate scores against attention over both blocks, then at scores whose
    log-sum-exps exceed ~88.7, where e^l overflows float32 (the range is printed): the merge must not overflow;
 3. **causal_block** on every pair of 2, 3, 4 ranks and both layouts, against the rule on global chunk indices;
@@ -29,6 +30,7 @@ import torch.distributed as dist
 from ..context_parallel import ring as ring_module
 from ..context_parallel.ring import chunk_ids, ring_attention, shard, unshard
 from .common import CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error, watched_call
+from .guard import Guard, Refused, code_key, module_functions
 from .harness import is_learners
 from .watch import Watcher, refuse_tampering
 
@@ -71,6 +73,17 @@ ANSWER_TOL = dict(rtol=1e-4, atol=1e-5)
 RING_TOL = dict(rtol=1e-6, atol=1e-8)  # float64 ring vs float64 attention
 
 
+def _guard():
+    """The ring module's functions tripped, and SDPA replaced where torch exposes it: refused when the learner's code
+    (or a thread, a pool) calls them, run when the course's code does (the lesson's ring runs the learner's merge)."""
+    import torch.nn.functional as F
+
+    functions = [(f, f"the lesson's {f.__qualname__} (utils.context_parallel.ring)")
+                 for f in module_functions(ring_module)]
+    sdpa = [(owner, "scaled_dot_product_attention", "F.scaled_dot_product_attention") for owner in (F, torch._C._nn)]
+    return Guard(functions, sdpa, allow_utils=True)
+
+
 def _own(fn, *args):
     """``fn(*args)``, refused when it called into the lesson's ring module or scaled_dot_product_attention."""
     __tracebackhide__ = True
@@ -83,10 +96,10 @@ def _own(fn, *args):
         if event == "c_call" and "scaled_dot_product_attention" in getattr(arg, "__name__", ""):
             return "F.scaled_dot_product_attention"
 
-    if getattr(fn, "__code__", None) is ring_module.merge.__code__:
+    if hasattr(fn, "__code__") and code_key(fn.__code__) == code_key(ring_module.merge.__code__):  # or a copy
         fail(RING_HINTS, "used_library", "your merge is the lesson's merge from utils.context_parallel.")
     out, seen = watched_call(fn, args, forbidden, where=f"{getattr(fn, '__name__', 'your function')}(...)",
-                             hints=RING_HINTS)
+                             hints=RING_HINTS, guard=_guard())
     if seen:
         fail(RING_HINTS, "used_library", f"{getattr(fn, '__name__', 'your function')} called {seen}.")
     return out
@@ -210,12 +223,15 @@ def _ring(merge, causal_block, cases):
     thread); this rank's output and gradients."""
     rank, n = dist.get_rank(), dist.get_world_size()
     out = {"error": None, "results": [], "seen": None, "tampered": []}
+    guard = _guard()
     try:
-        with Watcher(_called_by_answer) as watcher:
+        with guard, Watcher(_called_by_answer) as watcher:
             _ring_cases(merge, causal_block, cases, out, rank, n)
+    except Refused:  # recorded: named from the record below
+        pass
     except Exception as exc:  # noqa: BLE001
         out["error"] = caught(exc, "the ring with your merge and causal_block")
-    out["seen"], out["tampered"] = (watcher.seen or [None])[0], watcher.tampered
+    out["seen"], out["tampered"] = (guard.records + watcher.seen or [None])[0], watcher.tampered
     return out
 
 
