@@ -25,8 +25,8 @@ import dataclasses
 import torch
 
 from ..launch import RankError, RankTimeoutError, run_ranks
-from .harness import (GENERIC_HINT, RAISED_HINT, answer_line, caught, first_error, learner_call,  # noqa: F401
-                      raise_if_error)
+from .harness import (GENERIC_HINT, RAISED_HINT, LabCheckFailed, answer_line, caught,  # noqa: F401
+                      first_error, learner_call, raise_if_error)
 from .watch import TAMPER_HINT, watched_call  # noqa: F401 - every checker imports the harness from here
 
 # One set of tolerances for every checker. float32 sums taken in another order (shard means, then over
@@ -34,15 +34,6 @@ from .watch import TAMPER_HINT, watched_call  # noqa: F401 - every checker impor
 # accumulate that to ~1e-7. A real mistake (a missing division, a lost micro-batch) is off by far more.
 GRAD_TOL = dict(rtol=1e-4, atol=1e-6)
 WEIGHT_TOL = dict(rtol=1e-4, atol=1e-5)
-
-
-class LabCheckFailed(AssertionError):
-    """A lab answer was rejected. ``.mistake``: a short key (e.g. "averaged"); ``.hint``: the fix."""
-
-    def __init__(self, mistake, what, hint, world_size=None):
-        where = f" (world_size={world_size})" if world_size else ""
-        super().__init__(f"Not yet{where}: {what}\nHint: {hint}")
-        self.mistake, self.hint, self.world_size = mistake, hint, world_size
 
 
 def fail(hints, mistake, what, world_size=None):

@@ -28,8 +28,8 @@ import sysconfig
 import torch
 import torch.distributed as dist
 
-__all__ = ["RAISED_HINT", "answer_line", "is_learners", "is_utils", "learner_call", "caught", "first_error",
-           "raise_if_error"]
+__all__ = ["LabCheckFailed", "RAISED_HINT", "answer_line", "is_learners", "is_utils", "learner_call", "caught",
+           "first_error", "raise_if_error"]
 
 RAISED_HINT = ("your code raised the exception above, at the line shown: read its message there, fix that line, "
                "and run the check again.")
@@ -39,6 +39,15 @@ _UTILS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  #
 _NOT_THE_LEARNERS = tuple({_UTILS, os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
                            *(os.path.abspath(p) + os.sep for key in ("stdlib", "platstdlib", "purelib", "platlib")
                              if (p := sysconfig.get_paths().get(key)))})
+
+
+class LabCheckFailed(AssertionError):
+    """A lab answer was rejected. ``.mistake``: a short key (e.g. "averaged"); ``.hint``: the fix."""
+
+    def __init__(self, mistake, what, hint, world_size=None):
+        where = f" (world_size={world_size})" if world_size else ""
+        super().__init__(f"Not yet{where}: {what}\nHint: {hint}")
+        self.mistake, self.hint, self.world_size = mistake, hint, world_size
 
 
 def is_learners(filename):
@@ -104,7 +113,6 @@ def raise_if_error(error, world_size, hints, phrases=(), mistake_of=None):
     otherwise it is ``raised``. ``hints``: the lab's mistake -> hint table (``RAISED_HINT`` when it has none).
     """
     __tracebackhide__ = True
-    from .common import LabCheckFailed  # common re-exports this module: imported when first needed
 
     if error is None:
         return

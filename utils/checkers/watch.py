@@ -37,7 +37,7 @@ import sys
 import threading
 
 from .guard import Guard
-from .harness import learner_call
+from .harness import LabCheckFailed, learner_call
 
 __all__ = ["TAMPER_HINT", "Watcher", "watched_call", "refuse_tampering"]
 
@@ -125,7 +125,6 @@ def refuse_tampering(tampered, where, world_size=None):
     """Raise ``LabCheckFailed("tampered")`` if the answer switched the watcher off or tried to (``tampered``: a
     ``Watcher``'s list, which a rank returns as data)."""
     __tracebackhide__ = True
-    from .common import LabCheckFailed
 
     if tampered:
         raise LabCheckFailed("tampered", f"{where} called {', '.join(dict.fromkeys(tampered))}.",
