@@ -147,8 +147,9 @@ def _closure_target():
 
 
 def test_the_guard_trips_every_alias_and_puts_the_code_back():
-    """A name, a partial, a thread target, a pool task: each runs the stub; the course's own callers (allow_utils)
-    are not the learner's; a function with free variables is tripped too, and all is restored after a raise."""
+    """A name, a partial, a thread target, a pool task: each runs the stub; only callers in the files allow_from
+    names run the original (with its defaults and closure); a function with free variables is tripped too, and all
+    is restored after a raise."""
     from concurrent.futures import ThreadPoolExecutor
 
     inner = _closure_target()
@@ -159,19 +160,27 @@ def test_the_guard_trips_every_alias_and_puts_the_code_back():
         with pytest.raises(Refused), Guard([(_target, "target"), (inner, "inner")]) as guard:
             call()
         assert guard.records and (_target.__code__, inner.__code__) == codes
-    with pytest.raises(Refused), Guard([(_target, "target")], allow_utils=True) as guard:
-        assert learner_call(_target, 1, 3, where="t", hints={}, shift=1) == 11  # from utils: the original runs
+    allowed = (sys.modules[learner_call.__module__].__file__,)  # the harness, as if it were the ring module
+    with pytest.raises(Refused), Guard([(_target, "target"), (inner, "inner")], allow_from=allowed) as guard:
+        assert learner_call(_target, 1, 3, where="t", hints={}, shift=1) == 11  # an allowed caller: the original
+        assert learner_call(_target, 1, where="t", hints={}) == 9  # its defaults kept
+        assert learner_call(inner, 1, where="t", hints={}) == 4  # its closure kept
         _target(1)  # a test's frame is the learner's
-    assert guard.records == ["target"] and _target.__code__ is codes[0]
+    assert guard.records == ["target"] and (_target.__code__, inner.__code__) == codes
+    for call in (lambda: learner_call(_target, 1, where="t", hints={}),  # utils, but not a file allow_from names
+                 lambda: exec("f(1)", {"f": _target})):  # code run by exec is the answer's
+        with pytest.raises(Refused), Guard([(_target, "target")], allow_from=(functools.__file__,)) as guard:
+            call()
+        assert guard.records == ["target"]
 
 
+@pytest.mark.skipif(not hasattr(threading, "setprofile_all_threads"),
+                    reason="Python 3.12+: before it, a thread already running never gets the hook")
 def test_the_watcher_is_removed_from_every_thread_it_covered():
     """Python 3.12+ sets the hook on the running threads too (setprofile_all_threads): it must go from them too."""
     go, seen = threading.Event(), []
     running = threading.Thread(target=lambda: (go.wait(5), seen.append(sys.getprofile())))
     running.start()
-
-
     before = sys.getprofile(), threading.getprofile()
     with Watcher(lambda frame, event, arg: None) as watcher:
         pass  # (asking for the hook in here is what a tampering answer does)

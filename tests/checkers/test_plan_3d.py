@@ -9,6 +9,7 @@ own search is wrong, a plan the run cannot honour. The lab's notebook runs in te
 """
 
 import dataclasses
+import functools
 import sys
 import types
 from concurrent.futures import ThreadPoolExecutor
@@ -102,10 +103,16 @@ def best_plans_copied(model, cluster, n_gpus, global_batch, precision, cap):
 
 
 def best_plans_refusal_caught(model, cluster, n_gpus, global_batch, precision, cap):
+    """The hook switched off unseen (a partial: no c_call event) and the refusal caught: only the guard's record
+    can name it."""
+    hook = functools.partial(sys.getprofile)()
+    functools.partial(sys.setprofile, None)()
     try:
         return calls_best_plans(model, cluster, n_gpus, global_batch, precision, cap)
     except BaseException:  # noqa: BLE001 - planted: the answer hides the refusal and answers anyway
         return choose_plan(model, cluster, n_gpus, global_batch, precision, cap)
+    finally:
+        functools.partial(sys.setprofile, hook)()
 
 
 def one_big_microbatch(model, cluster, n_gpus, global_batch, precision, cap):

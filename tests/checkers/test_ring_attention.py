@@ -85,11 +85,10 @@ def sdpa_through_a_partial(o1, l1, o2, l2):
 
 
 def lesson_merge_as_a_thread_target(o1, l1, o2, l2):
-    """Bypass 3: in the ranks only (the kernel's check sees any call into the module), the lesson's merge run by a
-    thread: its caller is threading's, not the answer's."""
+    """Bypass 3: in the ranks only (the kernel's check sees any call into the module), the lesson's merge itself the
+    thread's target: its caller is threading's, not the answer's (only the guard sees it)."""
     if dist.is_initialized():
-        out = []
-        worker = threading.Thread(target=lambda: out.append(ring_module.merge((o1, l1), (o2, l2))))
+        worker = threading.Thread(target=ring_module.merge, args=((o1, l1), (o2, l2)))
         worker.start()
         worker.join()
     return merge(o1, l1, o2, l2)

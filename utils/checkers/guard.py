@@ -10,14 +10,18 @@ the hook off unseen (and puts it back afterwards); a pool thread started before 
   stub: a name imported earlier, a ``partial``, a thread target, a pool task, on any thread, hook or no hook. The
   stub records the call in the ``Guard`` and raises ``Refused``, a private ``BaseException``: ``except Exception``
   does not swallow it, and whatever the answer catches, the checker names the mistake from the record;
-- with ``allow_utils`` (lab 14: the lesson's ring runs the learner's merge), the stub first walks the stack from its
+- with ``allow_from`` (lab 14: the lesson's ring runs the learner's merge), the stub first walks the stack from its
   caller past the frames that are neither the learner's nor the course's (the standard library, torch, installed
-  packages): when the first such frame is under ``utils/`` the original function runs; a learner's frame, or no
-  frame at all (a thread's target, a pool's task), is recorded;
+  packages): when the first such frame is in one of the files ``allow_from`` names (the ring module itself, the
+  checker's own module) the original function runs; any other frame (the learner's, code run by ``exec``, another
+  module of ``utils`` such as the harness that calls the answer), or no frame at all (a thread's target, a pool's
+  task), is recorded;
 - a builtin has no ``__code__`` (``F.scaled_dot_product_attention``): it is replaced by a recording wrapper on the
   modules torch exposes it from, for the duration. A reference taken *before* the call (``sdpa = F.scaled_...`` at a
   cell's top level) still reaches the builtin: only the hook sees that call (a ``c_call``), and not when it is made
-  through a ``partial`` or with the hook switched off.
+  through a ``partial`` or with the hook switched off. Nor does anything see the operator underneath,
+  ``torch.ops.aten.scaled_dot_product_attention`` (called through ``OpOverload.__call__``, neither a builtin on those
+  modules nor a ``c_call``).
 
 Every ``__code__`` and attribute is put back in a ``finally``, whatever the answer raised. What still passes the
 guard: a copy of a target's code made *before* the call (``types.FunctionType(f.__code__.replace(), ...)``: another
@@ -26,7 +30,9 @@ an answer that edits the checker's own modules (``Guard``, this registry): no Py
 """
 
 import itertools
+import os
 import sys
+import threading
 import types
 
 from .harness import is_learners, is_utils
@@ -87,21 +93,22 @@ def _stub(fn):
     return _STUBS[fn]
 
 
-def _called_from_utils(frame):
-    """Is the first frame from ``frame`` down that is the learner's or the course's under ``utils/``?"""
+def _called_from(frame, files):
+    """Is the first frame from ``frame`` down that is the learner's or the course's in one of ``files``?"""
     while frame is not None:
-        if is_utils(frame.f_code.co_filename):
-            return True
-        if is_learners(frame.f_code.co_filename):
+        filename = frame.f_code.co_filename
+        if is_utils(filename):
+            return os.path.abspath(filename) in files
+        if is_learners(filename) or filename.startswith("<string>"):  # exec'd code is the answer's too
             return False
         frame = frame.f_back
     return False  # a thread's target, a pool's task: nobody of the course asked for it
 
 
 def _tripped(key, args, kwargs):
-    """What a tripped target runs: the original for the course's own callers (``allow_utils``), else a record."""
+    """What a tripped target runs: the original for the callers ``allow_from`` names, else a record."""
     guard, label, original = _TRIPPED[key]
-    if guard.allow_utils and _called_from_utils(sys._getframe(2)):  # 0: here, 1: the stub, 2: its caller
+    if guard.allow_from and _called_from(sys._getframe(2), guard.allow_from):  # 0: here, 1: the stub, 2: its caller
         return original(*args, **kwargs)
     guard.records.append(label)
     raise Refused(label)
@@ -111,13 +118,16 @@ class Guard:
     """While on (a context manager): ``functions``, (function, label) pairs, tripped in place; ``attributes``,
     (owner, name, label) triples, each replaced by a recording wrapper. ``records``: the labels of the calls made."""
 
-    def __init__(self, functions=(), attributes=(), allow_utils=False):
-        self.functions, self.attributes, self.allow_utils = list(functions), list(attributes), allow_utils
+    def __init__(self, functions=(), attributes=(), allow_from=()):
+        self.functions, self.attributes = list(functions), list(attributes)
+        self.allow_from = frozenset(os.path.abspath(f) for f in allow_from)
         self.records, self._undo = [], []
         for fn, _ in self.functions:  # the stubs made now, before any hook watches
             _stub(fn)
 
     def __enter__(self):
+        self._excepthook = threading.excepthook
+        threading.excepthook = self._thread_refused  # a refusal on the answer's thread: recorded, not printed
         try:
             for fn, label in self.functions:
                 if fn.__code__ is _stub(fn)[1]:
@@ -140,15 +150,22 @@ class Guard:
                 setattr(owner, name, wrapper)
         except BaseException:
             self._restore()
+            threading.excepthook = self._excepthook
             raise
         return self
 
     def _restore(self):
         while self._undo:
-            owner, name, value, key = self._undo.pop()
-            setattr(owner, name, value)
+            owner, name, value, key = self._undo[-1]
+            setattr(owner, name, value)  # first, then forget it: an interrupt in between leaves nothing tripped
+            self._undo.pop()
             _TRIPPED.pop(key, None)
+
+    def _thread_refused(self, args):
+        if not issubclass(args.exc_type, Refused):
+            self._excepthook(args)
 
     def __exit__(self, *exc):
         self._restore()
+        threading.excepthook = self._excepthook
         return False

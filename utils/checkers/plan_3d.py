@@ -3,8 +3,11 @@ fastest, and does its mesh train the tiny Llama of lesson 09 exactly like one pr
 
 ``check_choose_plan(choose_plan)`` calls the learner's search on jobs (model, cluster, GPUs, batch, precision,
 memory cap per rank) and compares each answer with the checker's own enumeration of the lab's space (``lab_plans``,
-not ``utils.planner.best_plans``: a judge must not share the search it judges; a profile hook and a guard that trips
-both searches in place, ``utils.checkers.guard``, refuse a learner's call to either, through any alias or copy). A slower answer is diagnosed by the knobs that, held at its values, leave no faster plan; an answer
+not ``utils.planner.best_plans``: a judge must not share the search it judges; a guard that trips the three
+functions in place, ``utils.checkers.guard``, refuses a learner's call to any of them through any alias, and a
+profile hook also refuses a copy of their code made beforehand, unless the answer switched the hook off: that
+guard's docstring says what still passes). A slower answer is diagnosed by the knobs that, held at its values,
+leave no faster plan; an answer
 faster than the checker's optimum means the checker or the planner is wrong, and says so. ``check_plan_run``
 trains the plan on CPU ranks with ``utils.mesh.parallelize3d.train`` (lesson 09's step, which takes the ``Plan``
 itself: its mesh, micro-batches, schedule and checkpointing), and refuses, before launching, a plan with a knob that
