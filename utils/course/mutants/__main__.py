@@ -1,0 +1,60 @@
+"""``make mutants``: the mutation score of each lab's checker, a table per lab, build/mutants/<lab>.json.
+
+    python -m utils.course.mutants                      # every lab, the one with the fewest mutants first
+    python -m utils.course.mutants --lab 06_pipeline_lab --sample 30 --seed 0
+    python -m utils.course.mutants --list               # how many mutants of each kind, nothing run
+"""
+
+import argparse
+import collections
+from pathlib import Path
+
+from utils.checkers.labs import LABS
+from utils.course.notebook_runner import ROOT
+
+from .mutate import KINDS, mutants
+from .run import run_lab
+
+HEADER = f"{'lab':<32} {'mutants':>8} {'equiv.':>7} {'named':>6} {'unnamed':>8} {'missed':>7} {'score':>7} " \
+         f"{'named %':>8} {'minutes':>8}"
+
+
+def row(score):
+    tried = f"{score.tried}/{score.mutants}" if score.tried < score.mutants else f"{score.mutants}"
+    return (f"{score.lab:<32} {tried:>8} {score.equivalent:>7} {score.named:>6} {score.unnamed:>8} {score.missed:>7} "
+            f"{100 * score.score:>6.1f}% {100 * score.named_share:>7.1f}% {score.seconds / 60:>8.1f}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m utils.course.mutants", description=__doc__.splitlines()[0])
+    parser.add_argument("--lab", action="append", choices=sorted(LABS), help="this lab only (repeatable)")
+    parser.add_argument("--sample", type=int, help="run this many mutants per lab, drawn with --seed")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--limit", type=int, help="run at most the first N (of the sample)")
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "mutants")
+    parser.add_argument("--list", action="store_true", help="count each lab's mutants by kind, run nothing")
+    args = parser.parse_args(argv)
+    counts = {name: mutants((ROOT / "labs" / "solutions" / f"{lab.solution}.py").read_text(), lab.answers)
+              for name, lab in LABS.items() if not args.lab or name in args.lab}
+    order = sorted(counts, key=lambda name: len(counts[name]))
+    if args.list:
+        print(f"{'lab':<32} {'mutants':>8}  " + " ".join(f"{kind:>10}" for kind in KINDS))
+        for name in order:
+            kinds = collections.Counter(m.kind for m in counts[name])
+            print(f"{name:<32} {len(counts[name]):>8}  " + " ".join(f"{kinds[kind]:>10}" for kind in KINDS))
+        return
+    scores = []
+    for name in order:
+        print(f"{name}: {len(counts[name])} mutants", flush=True)
+        scores.append(run_lab(name, args.sample, args.limit, args.seed, args.out,
+                              echo=lambda line: print(line, flush=True)))
+        print(HEADER, row(scores[-1]), sep="\n", flush=True)
+    print("\n" + HEADER)
+    for score in scores:
+        print(row(score))
+    print(f"score = rejected / (mutants - equivalent); named % = rejected with a named mistake / the same; "
+          f"misses in {args.out}/<lab>.json")
+
+
+if __name__ == "__main__":
+    main()
