@@ -111,7 +111,8 @@ bench: setup  ## launch-time benchmark of run_ranks (not a test: it only measure
 # The mutation score of each lab's checker (utils/course/mutants): every mutant of the reference solution through the
 # checker, one process each, the accepted ones through a one-process oracle; a table per lab and build/mutants/<lab>.json.
 # A benchmark (about 5 s a mutant, ~680 mutants), not part of `make test`. LAB=02_ddp_lab runs one lab;
-# MUTANTS_ARGS="--sample 40 --seed 0" draws a sample per lab, --limit N the first N, --list only counts them.
+# MUTANTS_ARGS="--sample 40 --seed 0" draws a sample per lab, --limit N the first N, --list only counts them,
+# --table prints the table and the misses of the last runs again.
 LAB ?=
 MUTANTS_ARGS ?=
 .PHONY: mutants

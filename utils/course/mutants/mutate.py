@@ -78,7 +78,7 @@ def _docstring(statement):
 
 
 def _edits(root):
-    """(kind, node, apply, undo) for every edit inside ``root``, in source order (ast.walk, then by position)."""
+    """(kind, node, apply, undo) for every edit inside ``root``, in the order ast.walk meets the nodes."""
     skip = _message_nodes(root)
     for node in ast.walk(root):
         if id(node) in skip:
@@ -153,7 +153,7 @@ def _one_line(node):
 
 def mutants(source, answers):
     """Every mutant of ``source`` (a solution module's text) in the definitions of ``answers`` (and their helpers),
-    deduplicated, each compiling; in source order. Raises ValueError when the module defines none of ``answers``."""
+    deduplicated, each compiling, numbered in the order they are found. Raises ValueError when the module defines none of ``answers``."""
     tree = ast.parse(source)
     names = target_names(tree, answers)
     if not names:

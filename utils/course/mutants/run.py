@@ -103,7 +103,8 @@ def run_lab(name, sample=None, limit=None, seed=0, out=ROOT / "build" / "mutants
         path.unlink()
         result.unlink(missing_ok=True)
     score.seconds = time.monotonic() - start
-    work.rmdir() if not any(work.iterdir()) else None
+    if not any(work.iterdir()):
+        work.rmdir()
     summary = {k: v for k, v in dataclasses.asdict(score).items() if k != "records"}
     report = dict(summary, score=score.score, named_share=score.named_share, sample=sample, limit=limit, seed=seed,
                   misses=[r for r in score.records if r["outcome"] == "missed"], records=score.records)
