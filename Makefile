@@ -108,6 +108,17 @@ course: setup  ## every notebook with its full parameters, into build/course/, t
 bench: setup  ## launch-time benchmark of run_ranks (not a test: it only measures)
 	$(BIN)/python -m utils.course.bench_launch
 
+# The mutation score of each lab's checker (utils/course/mutants): every mutant of the reference solution through the
+# checker, one process each, the accepted ones through a one-process oracle; a table per lab and build/mutants/<lab>.json.
+# A benchmark (about 5 s a mutant, ~680 mutants), not part of `make test`. LAB=02_ddp_lab runs one lab;
+# MUTANTS_ARGS="--sample 40 --seed 0" draws a sample per lab, --limit N the first N, --list only counts them,
+# --table prints the table and the misses of the last runs again.
+LAB ?=
+MUTANTS_ARGS ?=
+.PHONY: mutants
+mutants: setup  ## mutation score of every lab's checker (LAB=name for one; MUTANTS_ARGS="--sample 40 --seed 0"); build/mutants/
+	$(BIN)/python -m utils.course.mutants $(if $(LAB),--lab $(LAB)) $(MUTANTS_ARGS)
+
 .PHONY: minutes
 minutes: setup  ## each notebook's minutes (reading, code, running, exercises; utils.course.minutes); MINUTES_ARGS=--write stores them
 	$(BIN)/python -m utils.course.minutes $(MINUTES_ARGS)
