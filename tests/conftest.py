@@ -128,7 +128,8 @@ def pytest_configure(config):
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the xdist_group marks set here
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`--dist loadgroup`, the Makefile's): each notebook run is a unit of its own, the
-    longest first (utils/course/run_minutes.json), so the last to start is a short one; a test module goes whole to
+    longest first (utils/course/run_minutes.json), then the modules that hold a slow test, so the last to start is a
+    short one; a test module goes whole to
     one worker, so its module-scoped fixtures (a kernel, a site build) are made once; the GPU tests share one
     worker, one notebook at a time on the one GPU."""
     import json
@@ -151,7 +152,10 @@ def pytest_collection_modifyitems(config, items):
     if runs and os.environ.get("PYTEST_XDIST_WORKER"):  # the workers collect and order the tests; the controller
         # hands them out in that order (--no-loadscope-reorder); a run without workers keeps the files' order
         first = sorted(runs, key=expected_seconds, reverse=True)
-        items[:] = first + [item for item in items if item.originalname != "test_notebook_runs"]
+        rest = [item for item in items if item.originalname != "test_notebook_runs"]
+        # then the modules with a slow test (a grading class, a site build), so that no long one starts last
+        slow = {item.nodeid.split("::")[0] for item in rest if item.get_closest_marker("slow")}
+        items[:] = first + sorted(rest, key=lambda item: item.nodeid.split("::")[0] not in slow)  # stable
 
 
 def pytest_runtest_logreport(report):

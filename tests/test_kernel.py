@@ -122,4 +122,4 @@ def test_kernel_interrupt_stops_every_rank(course_kernel):
     gone, alive = psutil.wait_procs(ranks, timeout=5)
     assert alive == [], f"ranks still running after the interrupt: {alive}"
     reply, out, err = kernel.run("print(utils.run_ranks(lambda: dist.get_rank(), world_size=2, verbose=False))")
-    assert out.strip() == "[0, 1]", "the kernel launches again after an interrupt"
+    assert out.strip() == "[0, 1]", f"the kernel launches again after an interrupt: {reply['status']} {err[-3000:]}"

@@ -1,4 +1,5 @@
-"""Every notebook and lab, executed end to end by papermill with small parameters.
+"""Every notebook and lab, executed end to end by papermill with small parameters, on a kernel forked warm
+(utils/launch/warm.py: torch already imported; papermill in this worker).
 
 A notebook is a test: its asserts are the claims of the lesson. Parameters injected into the cell
 tagged ``parameters``: SMOKE=True (tiny sizes) and WORLD_SIZE, once per size of ``--world-sizes``
@@ -17,10 +18,20 @@ import pytest
 from utils.course.notebook_runner import (BUILD, ROOT, alone_copy, course_notebooks, execute, kernel_env,
                                           missing_requirements, parameters_for, suite_world_sizes,
                                           supported_world_sizes)
+from utils.launch.warm import WarmStarts
+
+
+@pytest.fixture(scope="session")
+def warm():
+    """One zygote per worker (utils/launch/warm.py, in the worker's cores): every notebook's kernel and rank server
+    are forked from it with torch already imported, about 6 s of a core less a notebook than two cold starts."""
+    starts = WarmStarts(env=kernel_env())
+    yield starts
+    starts.close()
 
 
 @pytest.mark.notebook
-def test_notebook_runs(path, world_size, record_property, request, tmp_path):  # (path, world_size): --world-sizes (conftest.py)
+def test_notebook_runs(path, world_size, record_property, request, tmp_path, warm):  # (path, world_size): --world-sizes (conftest.py)
     supported = supported_world_sizes(path)
     if supported is not None and world_size not in supported:
         pytest.skip(f"{path.name} cannot use WORLD_SIZE={world_size} (metadata.course.world_sizes = {supported}); "
@@ -30,7 +41,7 @@ def test_notebook_runs(path, world_size, record_property, request, tmp_path):  #
                     f"{sys.prefix}: `make frameworks` installs it, `make test-frameworks` runs it")
     out = BUILD / "test" / f"ws{world_size}"
     run = alone_copy(path, tmp_path / "course") if request.config.getoption("--alone") else path  # make test-catch-up
-    ok, seconds, log = execute(run, out, parameters_for(path, SMOKE=True, WORLD_SIZE=world_size))
+    ok, seconds, log = execute(run, out, parameters_for(path, SMOKE=True, WORLD_SIZE=world_size), warm=warm)
     record_property("notebook_time", (f"{path.relative_to(ROOT)} (WORLD_SIZE={world_size})", ok, seconds))
     assert ok, f"{path.name} failed under papermill with WORLD_SIZE={world_size} (executed copy in {out}):\n{log[-6000:]}"
 

@@ -23,6 +23,8 @@ file                  runs in      does
                                    grader's answers, the test suite's notebooks)
 ``scripts.py``        any parent   a lesson script under ``torchrun`` (``run_script``, ``launch``):
                                    its command line, a timeout, its ``RESULT`` line read back
+``warm.py``           the suite    the test suite's warm starts: one process imports torch once and
+                                   forks each notebook's kernel and its rank server (learners' start cold)
 ====================  ===========  ==================================================================
 
 Read them in that order. What the package offers the rest of the course is listed in ``__all__``; ``report``

@@ -12,6 +12,9 @@ import subprocess
 import sys
 from multiprocessing.connection import Connection
 
+from .warm import ENV as WARM_ENV
+from .warm import fork_rank_server
+
 # Libraries that take seconds to import. Once the notebook has imported one of them (or a part of
 # one), the server imports the same modules too, once, so that ranks start with them instead of
 # importing them each.
@@ -19,6 +22,15 @@ HEAVY_MODULES = ("lightning", "deepspeed", "torch._dynamo", "torch.distributed.f
                  "torch.distributed.pipelining", "torch.distributed.checkpoint", "transformers", "sklearn")
 
 _SERVER = None
+
+
+def warm_rank_server(fd, env, root):
+    """In the test suite's kernels only (``warm.py``): the same server, forked from a process that has already
+    imported torch. None everywhere else."""
+    if not os.environ.get(WARM_ENV):
+        return None
+    cwd = os.getcwd()
+    return fork_rank_server(fd, env, [cwd, root, *[p for p in sys.path if p not in ("", cwd, root)]])
 
 
 def rank_server() -> RankServer:
@@ -36,9 +48,10 @@ class RankServer:
         ours, theirs = socket.socketpair()
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds utils/
         path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-        self.proc = subprocess.Popen([sys.executable, "-m", "utils.launch.server", str(theirs.fileno())],
-                                     pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
-                                     env=dict(os.environ, PYTHONPATH=path))
+        env = dict(os.environ, PYTHONPATH=path)
+        self.proc = warm_rank_server(theirs.fileno(), env, root) or subprocess.Popen(
+            [sys.executable, "-m", "utils.launch.server", str(theirs.fileno())], pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL, env=env)
         theirs.close()
         self.sock = ours
         self.conn = Connection(os.dup(ours.fileno()))
