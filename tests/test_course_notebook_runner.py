@@ -77,7 +77,8 @@ def _notebook(folder, *cells):
     return path
 
 
-def test_a_warm_kernel_is_a_fresh_kernel_in_the_notebooks_folder_and_its_rank_server_is_forked_too(tmp_path, warm):
+def test_a_warm_kernel_is_a_fresh_kernel_in_the_notebooks_folder_and_its_rank_server_is_forked_too(tmp_path, warm,
+                                                                                                   monkeypatch):
     """The suite's warm start (utils/launch/warm.py): the kernel runs in the notebook's folder with the course's
     environment, imports the course from the repository, has no name the notebook did not bind, and its rank
     server (in the kernel's process group, not the kernel's child) forks ranks that run."""
@@ -85,17 +86,20 @@ def test_a_warm_kernel_is_a_fresh_kernel_in_the_notebooks_folder_and_its_rank_se
 
     from utils.course.notebook_runner import execute
 
-    path = _notebook(tmp_path, "import json, os, sys\nassert 'torch' not in dir() and 'utils' not in sys.modules",
+    monkeypatch.delenv("JUPYTER_PATH", raising=False)  # the kernel gets the course's all the same (kernel_env)
+    path = _notebook(tmp_path, "import json, os, sys\nassert 'torch' not in dir() and 'utils' not in sys.modules\nimport psutil",
                      f"sys.path.insert(0, {str(ROOT)!r})\nfrom utils import run_ranks\nfrom utils.launch import rank_server",
                      "ppids = run_ranks(lambda: os.getppid(), world_size=2)\nserver = rank_server().proc",
                      "json.dump({'cwd': os.getcwd(), 'ppids': ppids, 'server': server.pid, 'kernel': os.getpid(),"
                      " 'server_pgid': os.getpgid(server.pid), 'pgid': os.getpgid(0), 'utils': sys.modules['utils'].__file__,"
-                     " 'jupyter_path': os.environ.get('JUPYTER_PATH')}, open('facts.json', 'w'))")
+                     " 'jupyter_path': os.environ.get('JUPYTER_PATH'), 'parents': [os.getppid(), psutil.Process(server.pid).ppid()]},"
+                     " open('facts.json', 'w'))")
     ok, _, log = execute(path, tmp_path / "out", timeout=120, warm=warm)
     assert ok, log[-3000:]
     facts = json.loads((tmp_path / "facts.json").read_text())
     assert os.path.samefile(facts["cwd"], tmp_path) and facts["utils"] == str(ROOT / "utils" / "__init__.py")
     assert facts["ppids"] == [facts["server"]] * 2 and facts["server_pgid"] == facts["pgid"] == facts["kernel"]
+    assert facts["parents"] == [warm.proc.pid] * 2  # both forked by the zygote, not started cold
     assert facts["jupyter_path"] and facts["jupyter_path"].startswith(sys.prefix)
 
 
@@ -108,16 +112,17 @@ def test_a_warm_notebook_past_its_timeout_is_killed_with_its_ranks(tmp_path, war
     from utils.course.notebook_runner import execute
 
     path = _notebook(tmp_path, f"import os, sys, time\nsys.path.insert(0, {str(ROOT)!r})\nfrom utils import run_ranks",
-                     "open('pids', 'w').write(str(os.getpid()))\n"
+                     "from utils.launch import rank_server\n"
+                     "open('pids', 'w').write(f'{os.getpid()} {rank_server().proc.pid}')\n"
                      "run_ranks(lambda: (open(f'rank{os.getpid()}', 'w'), time.sleep(600)), world_size=2, timeout=900)")
     start = time.monotonic()
     ok, seconds, log = execute(path, tmp_path / "out", timeout=10, warm=warm)
     assert not ok and "did not finish within its 10 s timeout" in log and seconds < 60, (seconds, log[-2000:])
-    kernel = int((tmp_path / "pids").read_text())
+    kernel, server = map(int, (tmp_path / "pids").read_text().split())
     ranks = [int(p.name.removeprefix("rank")) for p in tmp_path.glob("rank*")]
     assert len(ranks) == 2, ranks
     time.sleep(1)  # the zygote reaps the kernel; each rank's death signal comes with its server's
-    left = [pid for pid in [kernel, *ranks] if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    left = [pid for pid in [kernel, server, *ranks] if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
     assert not left and time.monotonic() - start < 60, left
 
 
@@ -127,3 +132,27 @@ def test_a_warm_notebooks_error_is_in_the_log(tmp_path, warm):
     ok, _, log = execute(_notebook(tmp_path, "raise ValueError('WORLD_SIZE = 5 cannot split 12 heads')"),
                          tmp_path / "out", timeout=60, warm=warm)
     assert not ok and "ValueError" in log and "WORLD_SIZE = 5 cannot split 12 heads" in log
+
+
+def test_a_request_that_fails_leaves_the_zygote_serving(tmp_path, warm):
+    """An asker that goes away mid-request (a kernel killed while it asks for its server) ends that request only."""
+    import socket
+
+    from utils.course.notebook_runner import execute
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(warm.address)
+        sock.sendall(b"\x00\x00")  # half a message, then gone
+    ok, _, log = execute(_notebook(tmp_path, "print('still here')"), tmp_path / "out", timeout=60, warm=warm)
+    assert warm.alive() and ok, log[-2000:]
+
+
+def test_a_dead_zygote_means_a_cold_start(tmp_path):
+    from utils.course.notebook_runner import execute, kernel_env
+    from utils.launch.warm import WarmStarts
+
+    starts = WarmStarts(env=kernel_env())
+    starts.close()
+    ok, _, log = execute(_notebook(tmp_path, "import sys\nassert 'torch' not in sys.modules"), tmp_path / "out",
+                         timeout=60, warm=starts)
+    assert ok, log[-2000:]

@@ -123,9 +123,10 @@ def execute(path, out_dir, parameters=None, timeout=None, peaks=None, cwd=None, 
     ``peaks``: a dict that receives the notebook's peak resident memory (bytes, ``PeakMemory``) under its
     ``<folder>/<name>`` key. ``cwd``: the working folder of papermill and of the notebook's kernel (None: the
     notebook's own folder, as Jupyter's). ``warm``: a ``utils.launch.warm.WarmStarts`` (the test suite's): papermill
-    runs in this process and the kernel, and its rank server, are forked from the zygote, which has imported torch
-    already (about 6 s of a core less a notebook); None: ``python -m papermill``, a kernel started cold, as a
-    learner's, for ``make course``'s minutes and memory."""
+    runs in this process (it changes this process's folder to ``cwd`` while it runs) and the kernel, and its rank
+    server, are forked from the zygote, which has imported torch already (lesson 05a: 8.9 s instead of 18.4 s);
+    None, or a zygote that has died: ``python -m papermill``, a kernel started cold, as a learner's, for
+    ``make course``'s minutes and memory."""
     path = Path(path).absolute()
     out = (Path(out_dir) / path.parent.name / path.name).absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -138,10 +139,12 @@ def execute(path, out_dir, parameters=None, timeout=None, peaks=None, cwd=None, 
 
     start = time.perf_counter()
     for attempt in (1, 2):
-        if warm is not None and peaks is None:
+        if warm is not None and warm.alive() and peaks is None:  # a dead zygote: a cold start, below
             ok, log = _papermill_here(path, out, parameters, timeout, cwd, warm)
             if ok or attempt == 2 or not kernel_port_clash(log):
                 return ok, time.perf_counter() - start, log
+            print(f"{path.name}: its kernel could not bind a port another kernel took meanwhile; running it again",
+                  file=sys.stderr)
             continue
         child = start_child(cmd, env=kernel_env(), cwd=cwd)
         memory = PeakMemory(child.pid) if peaks is not None else None
@@ -169,6 +172,8 @@ def _papermill_here(path, out, parameters, timeout, cwd, warm):
 
     class WarmKernelManager(AsyncKernelManager):  # nbclient's own kind
         async def _async_launch_kernel(self, kernel_cmd, **kw):  # jupyter_client's place to launch differently
+            if killed.is_set():
+                raise TimeoutError(f"{path.name} reached its {timeout} s timeout before its kernel started")
             course = kernel_env()
             env = dict(kw.get("env", os.environ), **{name: course[name] for name in COURSE_KERNEL_ENV})
             pid = warm.fork_kernel(kernel_cmd, env, kw.get("cwd") or cwd, kernel_log)

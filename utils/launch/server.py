@@ -21,7 +21,8 @@ The kernel talks to it over a Unix socket (``FD``), one pickled message at a tim
 - and, whenever a rank ends, the server says ``("exited", pid, exit_code)`` by itself.
 
 When the kernel goes away (the socket closes) the server kills its ranks and exits; Linux also
-kills it if the kernel dies (PR_SET_PDEATHSIG), and each rank if the server dies.
+kills it if the kernel dies (PR_SET_PDEATHSIG), and each rank if the server dies. (The test suite forks
+servers from a warm process instead, ``warm.py``: there the socket and the kernel's process group end it.)
 """
 
 from __future__ import annotations

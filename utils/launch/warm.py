@@ -2,20 +2,27 @@
 notebook and the rank server each of those kernels asks for.
 
 Every notebook the suite runs starts a kernel, and that kernel a rank server (``server.py``); both import torch,
-about 3 s of one core each, so about a third of a short notebook's run on a 2-core machine. Here one process, the
-*zygote* (``python utils/launch/warm.py SOCKET``, started by ``WarmStarts``), imports them once and then forks:
+about 3 s of one core each (``python -c "import torch"``: 3.2 s of CPU here). Here one process, the
+*zygote* (``python utils/launch/warm.py SOCKET``, started by ``WarmStarts``), imports them once and then forks
+(lesson 05a, measured alone on 2 cores: 18.4 s with a cold kernel and server, 8.9 s warm):
 
 - ``("kernel", argv, env, cwd, log)``: a child that becomes ``python -m ipykernel_launcher -f CONNECTION_FILE``
-  would (``runpy``, in ``cwd``, with ``env``, its output to ``log``), in a process group of its own;
-- ``("server", env, cwd, sys_path, pgid)`` with one file descriptor: a child that joins the kernel's process
-  group and runs ``server.main(fd)``, as ``python -m utils.launch.server FD`` would.
+  would (``runpy``, in ``cwd``, with ``env``, its output to ``log``), in a process group of its own (not a session
+  of its own, as jupyter_client gives a cold kernel: the server must be able to join the group, which Linux allows
+  within one session only);
+- ``("server", env, cwd, sys_path, pgid)`` with three file descriptors (its socket to the kernel, the kernel's
+  stdout and stderr): a child that joins the kernel's process group and runs ``server.main(fd)``, as
+  ``python -m utils.launch.server FD`` would. Its parent is the zygote, so it ends with its kernel's socket
+  (server.py) or its group, not by the parent-death signal a cold server has.
 
 Each request is one connection to the zygote's Unix socket, answered ``("pid", pid)``. The zygote imports nothing
 of ``utils`` and the children forget what the zygote had of it: a kernel or server imports the course from its own
 folder, as a cold one does. What the children inherit is torch and IPython, already imported (so a kernel has
 ``torch`` in ``sys.modules`` before its notebook imports it; a name is still bound only by the notebook's own
-``import``). The zygote is single-threaded when it forks (torch's one native thread aside, which the rank server
-forks past too), and dies with its parent.
+``import``). The zygote runs no Python thread when it forks; numpy's OpenBLAS starts a native thread pool at import,
+which the rank server forks past too. It dies with its parent; a request that fails (a kernel killed while it asks)
+ends that request only. ``COURSE_WARM_STARTS`` stays in what the kernel passes on (ranks, scripts): a process there
+that starts a rank server also gets a warm one.
 
 Learners never meet this: only ``utils.course.notebook_runner.execute(warm=...)``, which the test suite uses,
 starts kernels here; a kernel asks here for its rank server only while ``COURSE_WARM_STARTS`` names a zygote that
@@ -52,6 +59,9 @@ class WarmStarts:
             if ready.read(1) != b"R":
                 raise RuntimeError(f"the warm-start zygote did not start (exit code {self.proc.wait()})")
 
+    def alive(self):
+        return self.proc.poll() is None
+
     def fork_kernel(self, argv, env, cwd, log):
         """pid of a new kernel: argv is the kernel spec's (``... -m ipykernel_launcher -f FILE``)."""
         return request(self.address, ("kernel", list(argv), dict(env, **{ENV: self.address}), str(cwd), str(log)))
@@ -66,15 +76,15 @@ class WarmStarts:
             pass
 
 
-def request(address, message, fd=None):
+def request(address, message, fds=()):
     """Send one request to the zygote at ``address``; the pid it forked."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.connect(address)
         conn = Connection(os.dup(sock.fileno()))
         try:
             conn.send(message)
-            if fd is not None:
-                socket.send_fds(sock, [b"F"], [fd])
+            if fds:
+                socket.send_fds(sock, [b"F"], list(fds))
             kind, pid = conn.recv()
         finally:
             conn.close()
@@ -89,7 +99,7 @@ def fork_rank_server(fd, env, sys_path):
     if not address:
         return None
     try:
-        pid = request(address, ("server", dict(env), os.getcwd(), list(sys_path), os.getpgid(0)), fd)
+        pid = request(address, ("server", dict(env), os.getcwd(), list(sys_path), os.getpgid(0)), (fd, 1, 2))
     except (OSError, EOFError):
         return None
     return ForkedProcess(pid)
@@ -160,25 +170,45 @@ def _zygote(address, ready_fd):
     while True:
         sock, _ = listener.accept()
         conn = Connection(os.dup(sock.fileno()))
-        message = conn.recv()
-        fds = socket.recv_fds(sock, 1, 1)[1] if message[0] == "server" else []
-        pid = os.fork()
-        if pid == 0:
-            try:
-                listener.close(), conn.close(), sock.close()
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                signal.signal(signal.SIGINT, signal.default_int_handler)
-                _forget_the_course()
-                if message[0] == "kernel":
-                    _become_kernel(*message[1:], base_path)
-                else:
-                    _become_server(fds[0], *message[1:])
-            finally:
-                os._exit(1)
-        for fd in fds:
-            os.close(fd)
-        conn.send(("pid", pid))
-        conn.close(), sock.close()
+        fds = []
+        try:
+            message = conn.recv()
+            fds = socket.recv_fds(sock, 1, 3)[1] if message[0] == "server" else []
+            pid = os.fork()
+            if pid == 0:
+                _child(message, fds, base_path, listener, conn, sock)
+            if message[0] == "kernel":
+                try:
+                    os.setpgid(pid, pid)  # here too, so the group exists before anyone signals it
+                except OSError:  # the child got there first
+                    pass
+            conn.send(("pid", pid))
+        except (OSError, EOFError):  # the asker went away (a kernel killed meanwhile): that request only
+            pass
+        finally:
+            for fd in fds:
+                os.close(fd)
+            conn.close(), sock.close()
+
+
+def _child(message, fds, base_path, *zygote_files):
+    try:
+        for each in zygote_files:
+            each.close()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _forget_the_course()
+        if message[0] == "kernel":
+            _become_kernel(*message[1:], base_path)
+        else:
+            _become_server(*fds, *message[1:])
+    except BaseException:  # noqa: BLE001 - said where the kernel's or notebook's log shows it
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+    finally:
+        os._exit(1)
 
 
 def _become_kernel(argv, env, cwd, log, base_path):
@@ -198,11 +228,18 @@ def _become_kernel(argv, env, cwd, log, base_path):
     sys.argv = [module, *argv[argv.index("-m") + 2:], f"--IPKernelApp.parent_handle={os.getppid()}"]
     sys.path[:] = [cwd, *base_path]  # `python -m` puts the working folder first
     runpy.run_module(module, run_name="__main__", alter_sys=True)
+    import atexit
+
+    atexit._run_exitfuncs()  # what a cold kernel's interpreter does as it exits
+    sys.stdout.flush(), sys.stderr.flush()
     os._exit(0)
 
 
-def _become_server(fd, env, cwd, sys_path, pgid):
-    """What ``python -m utils.launch.server FD`` does, in the kernel's process group (killed with it)."""
+def _become_server(fd, stdout, stderr, env, cwd, sys_path, pgid):
+    """What ``python -m utils.launch.server FD`` does, in the kernel's process group (killed with it), writing where
+    the kernel writes (a cold server inherits the kernel's stdout and stderr)."""
+    os.dup2(stdout, 1), os.dup2(stderr, 2)
+    os.close(stdout), os.close(stderr)
     try:
         os.setpgid(0, pgid)
     except OSError:  # the kernel's group is gone: the kernel too, so the socket is closed and main() returns
