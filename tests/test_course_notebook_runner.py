@@ -103,6 +103,7 @@ def test_a_warm_kernel_is_a_fresh_kernel_in_the_notebooks_folder_and_its_rank_se
     assert facts["jupyter_path"] and facts["jupyter_path"].startswith(sys.prefix)
 
 
+@pytest.mark.slow
 def test_a_warm_notebook_past_its_timeout_is_killed_with_its_ranks(tmp_path, warm):
     """Past its timeout the kernel's group is killed, rank server and ranks too, and the run fails saying so."""
     import time

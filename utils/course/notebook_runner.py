@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from ..launch import start_child  # papermill's tree killed on a timeout, the kernel (its own session) too
+from ..launch import kill_tree, start_child  # papermill's tree killed on a timeout, the kernel (its own session) too
 from ..launch.warm import ForkedProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,7 +162,8 @@ def execute(path, out_dir, parameters=None, timeout=None, peaks=None, cwd=None, 
 
 def _papermill_here(path, out, parameters, timeout, cwd, warm):
     """papermill in this process, on a kernel forked by ``warm``; (ok, log). Past ``timeout`` seconds the kernel's
-    process group (the kernel, its rank server) and their children are killed, and papermill sees a dead kernel."""
+    descendants and its process group (the kernel, its rank server) are killed, the ranks with their server (their
+    parent-death signal), and papermill sees a dead kernel."""
     import papermill
     from jupyter_client.manager import AsyncKernelManager
 
@@ -183,10 +184,10 @@ def _papermill_here(path, out, parameters, timeout, cwd, warm):
             provisioner.cwd = kw.get("cwd") or cwd
             self._reconcile_connection_info(provisioner.connection_info)
 
-    def kill():
+    def kill():  # the kernel's descendants (torchrun's agents, in sessions of their own), then its group (its server)
         killed.set()
         for pid in kernels:
-            _kill_group(pid)
+            kill_tree([ForkedProcess(pid)])
 
     watchdog = threading.Timer(timeout, kill)
     watchdog.daemon = True
@@ -200,33 +201,11 @@ def _papermill_here(path, out, parameters, timeout, cwd, warm):
     finally:
         watchdog.cancel()
         for pid in kernels:  # a kernel that papermill left (a failed start) takes nothing with it
-            _kill_group(pid)
+            kill_tree([ForkedProcess(pid)])
     log = kernel_log.read_text(errors="replace") if kernel_log.exists() else ""
     if killed.is_set():
         ok, error = False, f"{error}\nKILLED: {path.name} did not finish within its {timeout} s timeout."
     return ok, f"{log}\n{error}"
-
-
-def _kill_group(pgid):
-    """SIGKILL a warm kernel's process group and every descendant of its members (torchrun's agents, in sessions of
-    their own, included)."""
-    try:
-        members = [proc for proc in psutil.process_iter() if _pgid(proc.pid) == pgid]
-        procs = {proc.pid: proc for member in members for proc in [member, *member.children(recursive=True)]}
-    except psutil.Error:
-        procs = {}
-    for proc in procs.values():
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-
-
-def _pgid(pid):
-    try:
-        return os.getpgid(pid)
-    except OSError:
-        return None
 
 
 def kernel_port_clash(log):
