@@ -59,7 +59,7 @@ def supported_world_sizes(path):
 
 def suite_world_sizes(path):
     """The WORLD_SIZEs the default ``make test`` runs a notebook at: metadata.course.suite_world_sizes,
-    else [2]. One size per notebook keeps the suite within 15 minutes; ``make test-matrix`` runs them all."""
+    else [2]. One size per notebook keeps the suite near 15 minutes (README); ``make test-matrix`` runs them all."""
     return [int(n) for n in course_metadata(path).get("suite_world_sizes", [2])]
 
 
