@@ -189,6 +189,56 @@ class CountsTheFrozenOne(BucketedDDP):
         self._new_step()
 
 
+# The collective bound before the check: `from torch.distributed import all_reduce` at the top of the answer's cell,
+# or torch's own module. The checker sees calls where they reach the process group, so these are the same answer.
+early_all_reduce = dist.all_reduce
+c10d_all_reduce = torch.distributed.distributed_c10d.all_reduce
+
+
+class EarlyBound(BucketedDDP):
+    """The reference, with an all_reduce imported by name before the check began: right."""
+
+    def _grad_ready(self, param, all_reduce=early_all_reduce):
+        i = self.bucket_of[id(param)]
+        self.missing[i] -= 1
+        if self.missing[i] == 0:
+            flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]])
+            self.pending[i] = (flat, all_reduce(flat, async_op=True))
+
+
+class ThroughC10d(EarlyBound):
+    """The reference through torch.distributed.distributed_c10d.all_reduce, async_op passed by position: right."""
+
+    def _grad_ready(self, param):
+        i = self.bucket_of[id(param)]
+        self.missing[i] -= 1
+        if self.missing[i] == 0:
+            flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]])
+            self.pending[i] = (flat, c10d_all_reduce(flat, dist.ReduceOp.SUM, None, True))
+
+
+class EarlyBoundWaitedAtOnce(EarlyBound):
+    """Early-bound all_reduce with async_op=True, its work waited on in the hook: blocking, however it was named."""
+
+    def _grad_ready(self, param):
+        super()._grad_ready(param)
+        i = self.bucket_of[id(param)]
+        if self.pending[i] is not None:
+            self.pending[i][1].wait()
+
+
+class EarlyBoundBlocking(EarlyBound):
+    """Early-bound all_reduce without async_op: blocking, and the work it returns is None."""
+
+    def _grad_ready(self, param):
+        i = self.bucket_of[id(param)]
+        self.missing[i] -= 1
+        if self.missing[i] == 0:
+            flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]])
+            early_all_reduce(flat)
+            self.pending[i] = (flat, dist.barrier(async_op=True))  # something to wait on
+
+
 class BroadcastParametersOnly(BucketedDDP):
     def __init__(self, model, bucket_cap_bytes):
         buffers = {k: b.clone() for k, b in model.named_buffers()}
@@ -226,9 +276,17 @@ def test_bucketed_ddp_rejects_a_bad_cap():
     (FrozenInBucket, (2,), "frozen_reduced", "has no gradient"),  # 'NoneType' has no attribute 'reshape'
     (AsyncOpForgotten, (2,), "no_work", "async_op=True returns None"),  # once frozen_reduced, as any NoneType
     (CountsTheFrozenOne, (2,), "never_launched", "never launched"),  # once frozen_reduced, as any NoneType
+    (EarlyBoundWaitedAtOnce, (2,), "blocking", "waited on inside backward"),
+    (EarlyBoundBlocking, (2,), "blocking", "async_op=True"),
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_ddp_rejects(wrong, world_sizes, mistake, phrase):
     expect_rejection(check_ddp, wrong, world_sizes=world_sizes, steps=2, mistake=mistake, phrase=phrase)
+
+
+@pytest.mark.parametrize("right", [EarlyBound, ThroughC10d], ids=lambda v: v.__name__)
+def test_a_right_answer_passes_however_it_names_all_reduce(right):
+    """Once rejected as `buckets` (no all-reduce seen): the log wrapped `dist.all_reduce` by name."""
+    check_ddp(right, world_sizes=(2,), steps=2)
 
 
 def test_the_two_bucket_rules_differ_only_at_the_cap():

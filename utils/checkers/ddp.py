@@ -20,6 +20,7 @@ from ..data_parallel.buckets import reverse_buckets
 from ..datasets import digits
 from ..launch import rank_device
 from ..comm.ledger import CommLedger
+from ..comm.process_group_calls import observe, payload_bytes
 from ..models import ToyNet
 from .common import GRAD_TOL, WEIGHT_TOL, CheckResult, LabCheckFailed, caught, close, first_error, launch_answer, raise_if_error
 
@@ -90,45 +91,48 @@ STEP_PHRASES = [("has no attribute 'wait'", "no_work"), ("has no attribute 'is_c
                 *((f"'NoneType' object has no attribute '{use}'", "frozen_reduced") for use in _TENSOR_USES)]
 
 
-class _Watched:
-    """An async all-reduce's work, which notes a ``wait()`` made while backward still runs: the flag async_op=True
-    is not the behaviour; a work waited on at once, in the hook, overlaps nothing."""
-
-    def __init__(self, work, log):
-        self._work, self._log = work, log
-
-    def wait(self, *args, **kwargs):
-        self._log.waited_in_backward += self._log.in_backward
-        return self._work.wait(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._work, name)
-
-
 class AllReduceLog:
-    """Inside a rank: note every ``dist.all_reduce`` as (bytes, async_op, issued during backward?), and count the
-    waits on its works made during backward.
+    """Inside a rank: note every all-reduce the answer makes as (bytes, async_op, issued during backward?), and
+    count the waits on the works of its async all-reduces made during backward: the flag async_op=True is not
+    the behaviour; a work waited on at once, in the hook, overlaps nothing.
 
-    The rank function sets ``in_backward`` around ``loss.backward()``. Enter it inside a ``CommLedger``.
+    The calls are seen where every path to a process group meets (``utils.comm.process_group_calls.observe``), so
+    ``dist.all_reduce``, an ``all_reduce`` imported by name before the check and ``distributed_c10d.all_reduce``
+    count alike; a wait is seen on ``Work.wait`` itself, the method every work object has. The rank function sets
+    ``in_backward`` around ``loss.backward()``.
     """
 
     in_backward = False
 
+    def __init__(self):
+        self.calls, self.waited_in_backward, self._works = [], 0, []
+
+    def _seen(self, call):
+        if call.op != "all_reduce":
+            return
+        is_async = call.async_op is not False  # None: group.allreduce called directly, which waits for nothing
+        self.calls.append((payload_bytes(call), is_async, self.in_backward))
+        if is_async and call.work is not None:
+            self._works.append(call.work)  # the waits on these are the ones counted
+
     def __enter__(self):
-        self.calls, self._saved, self.waited_in_backward = [], dist.all_reduce, 0
+        work_class = torch._C._distributed_c10d.Work
+        original = work_class.__dict__["wait"]  # the method itself, put back as it was
 
-        def all_reduce(tensor, *args, **kwargs):
-            async_op = kwargs.get("async_op", args[2] if len(args) > 2 else False)
-            self.calls.append((tensor.numel() * tensor.element_size(), bool(async_op), self.in_backward))
-            work = self._saved(tensor, *args, **kwargs)
-            return _Watched(work, self) if async_op else work
+        def wait(work, *args, **kwargs):
+            if self.in_backward and any(work is w for w in self._works):
+                self.waited_in_backward += 1
+            return original(work, *args, **kwargs)
 
-        dist.all_reduce = all_reduce
+        self._restore = lambda: setattr(work_class, "wait", original)
+        self._observing = observe(self._seen)
+        self._observing.__enter__()
+        work_class.wait = wait
         return self
 
     def __exit__(self, *exc):
-        dist.all_reduce = self._saved
-        return False
+        self._restore()
+        return self._observing.__exit__(*exc)
 
 
 def expected_buckets(model, cap):
@@ -212,8 +216,7 @@ def _check_pattern(n, runs, probe, cap):
         per_tensor = len(got) == len(size) - 1 and len(want) < len(got)  # one call per trainable tensor
         raise LabCheckFailed("not_bucketed" if per_tensor else "buckets", f"bucket_cap_bytes={cap}: a step made "
                              f"{len(got)} all-reduces of {got} bytes; buckets closed at {cap:,} bytes make "
-                             f"{len(want)} of {sorted(want)}." + (" (Call dist.all_reduce through the dist module, so that the checker "
-                             "sees it.)" if not got else ""), HINTS["not_bucketed" if per_tensor else "buckets"], n)
+                             f"{len(want)} of {sorted(want)}.", HINTS["not_bucketed" if per_tensor else "buckets"], n)
     for k, step in enumerate(steps[1:], 1):
         if sorted(b for b, _, _ in step["calls"]) != got:
             raise LabCheckFailed("not_reset", f"bucket_cap_bytes={cap}: step 0 made {len(got)} all-reduces of "

@@ -15,7 +15,10 @@ So ``observe(callback)`` replaces those methods (and the same ones of the ``Back
   (``group.allreduce`` is ``all_reduce``). None when the call is torch's own machinery: an object collective
   (``all_gather_object``), ``new_group``, FSDP, DDP's constructor: those went unrecorded before, and still do;
 - ``group`` (its ``size()`` is the number of ranks), ``method``, ``args`` and ``seconds`` in the method (for a
-  synchronous collective, the wait that ``torch.distributed`` does after it is not included).
+  synchronous collective, the wait that ``torch.distributed`` does after it is not included);
+- ``work``, what the method returned (the ``Work`` that ``async_op=True`` hands to the caller), and ``async_op``,
+  the value of that argument in the frame of the ``torch.distributed`` function the caller entered (read from the
+  frame, so however it was passed), or None for a method called directly, whose work the caller always gets.
 
 What C++ calls by itself (torch DDP's reducer) is not seen, as by any Python wrapper.
 """
@@ -69,6 +72,8 @@ class ProcessGroupCall:
     group: object
     args: tuple
     seconds: float
+    work: object = None
+    async_op: bool | None = None
 
     @property
     def size(self):
@@ -112,6 +117,16 @@ def _entered(frame, method):
     return op if outermost in ENTRIES else None
 
 
+def _async_op(frame, op):
+    """``async_op`` in the frame of the ``torch.distributed`` function ``op`` above ``frame``; None if none is."""
+    while frame is not None:
+        if frame.f_code.co_name == op and frame.f_code.co_filename.startswith(_TORCH_DIST):
+            flag = frame.f_locals.get("async_op")
+            return None if flag is None else bool(flag)
+        frame = frame.f_back
+    return None
+
+
 _observers, _lock, _originals = [], threading.Lock(), {}
 
 
@@ -124,7 +139,8 @@ def _patched(method, original):
         seconds = time.perf_counter() - start
         op = _entered(sys._getframe(1), method)
         if op is not None:
-            seen = ProcessGroupCall(op, method, self, args + tuple(kwargs.values()), seconds)
+            seen = ProcessGroupCall(op, method, self, args + tuple(kwargs.values()), seconds, result,
+                                    _async_op(sys._getframe(1), op))
             for observer in list(_observers):
                 observer(seen)
         return result
