@@ -44,6 +44,7 @@ LINES_PER_MINUTE = 10
 EXERCISE_MINUTES = 10    # one lesson exercise: read it, change a cell or two, re-run them (minutes of running)
 LAB_TASK_MINUTES = 20    # one "## YOUR CODE" block, where a lab states no time of its own
 MAX_MINUTES = 90
+PARTS = ("reading", "code", "running", "exercises")
 TIME_LINE = "**Time**:"  # the paragraph of the first cell that --write owns
 OWN = re.compile(r"^" + re.escape(TIME_LINE) + r" about \d+ minutes\b.*$", re.M)
 
@@ -224,9 +225,9 @@ def figure(path, data, p):
 def whole_minutes(p):
     """The parts in whole minutes that add up to the rounded sum (largest remainders round up), so that the
     paragraph's parts never add up to more than the total it states."""
-    floors = {k: math.floor(v) for k, v in p.items()}
+    floors = {k: math.floor(p[k]) for k in PARTS}  # in this order, whatever the order of p (ties go to the first)
     short = round(sum(p.values())) - sum(floors.values())
-    for k in sorted(p, key=lambda k: p[k] - floors[k], reverse=True)[:max(short, 0)]:
+    for k in sorted(PARTS, key=lambda k: p[k] - floors[k], reverse=True)[:max(short, 0)]:
         floors[k] += 1
     return floors
 
