@@ -171,7 +171,8 @@ def exercise_items(nb):
 
 
 def lab_task_minutes(nb):
-    """The lab author's estimate of its tasks, metadata.course.task_minutes ({"minutes", "stated"}), or None."""
+    """The lab author's estimate of its tasks, metadata.course.task_minutes ({"minutes", "stated": the words it was
+    stated in, "note"}), or None."""
     task = nb.get("metadata", {}).get("course", {}).get("task_minutes")
     return task["minutes"] if task else None
 
@@ -239,8 +240,8 @@ def time_paragraph(path, minutes, p, workshops=0):
     split = (f"{w['reading']} reading, {w['code']} on the code, {running}, {w['exercises']} on the "
              f"{'tasks' if is_lab(path) else 'exercises'}")
     if workshops:
-        return (f"{TIME_LINE} about {minutes} minutes, as {workshops} workshop{'s' * (workshops > 1)} took it "
-                f"(the median); from the text alone about {total(p)}: {split}.")
+        took = "as a workshop took it" if workshops == 1 else f"the median of {workshops} workshops"
+        return f"{TIME_LINE} about {minutes} minutes, {took}; from the text alone about {total(p)}: {split}."
     return f"{TIME_LINE} about {minutes} minutes: {split}."
 
 
@@ -292,7 +293,7 @@ def write(path, data):
     new = restate(path, first, minutes, p, workshops)
     nb["cells"][0]["source"] = new.splitlines(keepends=True)
     Path(path).write_text(json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
-    print(f"{key(path)}: minutes = {minutes}" + (f" (median of {workshops} workshops)" if workshops else "")
+    print(f"{key(path)}: minutes = {minutes}" + (f" (from {workshops} workshop(s))" if workshops else "")
           + ("" if new == first else f"\n    + {time_paragraph(path, minutes, p, workshops)!r}"))
 
 
@@ -335,7 +336,10 @@ def main(argv=None):
         record_measured(args.measured, memory_only=args.memory_only)
     changed = []
     if args.record:
-        changed = observed.record_workshop(args.record, DATA, [key(p) for p in notebooks()])
+        try:
+            changed = observed.record_workshop(args.record, DATA, [key(p) for p in notebooks()])
+        except (ValueError, OSError) as error:  # a row to fix: its line and what to write, without a traceback
+            ap.error(str(error))
         print(f"recorded {args.record}: {len(changed)} notebook(s); now `make guide` for TEACHING.md")
     data = load_data()
     if args.write or changed:

@@ -223,7 +223,7 @@ def figures_section(data, paths):
     """Where each figure comes from: measured (from what run, on which machine) or computed (by which rule)."""
     cores = sorted({r["cores"] for r in data.get("runs", [])})
     labs = [(p.stem, course_metadata(p).get("task_minutes")) for p in paths if p.parent.name == "labs"]
-    stated = "; ".join(f"{stem} {t['minutes']} (\"{t['stated'].split(' (')[0].strip('*').replace('**', '')}\")"
+    stated = "; ".join(f"{stem} {t['minutes']} (\"{t['stated'].replace('**', '')}\")"
                        for stem, t in labs if t)
     default = ", ".join(stem for stem, t in labs if not t)
     return [
