@@ -197,8 +197,8 @@ def test_a_workshop_record_feeds_the_figure(tmp_path):
     p, _ = minutes.parts(path, data)
     assert minutes.figure(path, data, p) == (5 * math.ceil((83 + 97) / 2 / 5), 2)  # the median 90, already a 5
     line = minutes.time_paragraph(path, 90, p, 2)
-    assert line.startswith(f"{minutes.TIME_LINE} about 90 minutes, the median of 2 workshops;")
-    assert f"from the text alone about {minutes.total(p)}" in line
+    assert line.startswith(f"{minutes.TIME_LINE} about 90 minutes, the median of 2 workshops (from the text alone "
+                           f"about {minutes.total(p)}: ")
     for row, message in [("0x_nothing,60,3,2026-12-01,", "is not in notebooks/ or labs/"),
                          (f"{path.stem},5400,3,2026-12-01,", "minutes is '5400'"),
                          (f"{path.stem},60,3,01/12/2026,", "is not YYYY-MM-DD")]:

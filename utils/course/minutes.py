@@ -241,8 +241,8 @@ def time_paragraph(path, minutes, p, workshops=0):
              f"{'tasks' if is_lab(path) else 'exercises'}")
     if workshops:
         took = "as a workshop took it" if workshops == 1 else f"the median of {workshops} workshops"
-        return f"{TIME_LINE} about {minutes} minutes, {took}; from the text alone about {total(p)}: {split}."
-    return f"{TIME_LINE} about {minutes} minutes: {split}."
+        return f"{TIME_LINE} about {minutes} minutes, {took} (from the text alone about {total(p)}: {split})."
+    return f"{TIME_LINE} about {minutes} minutes ({split})."
 
 
 def stated_minutes(first_cell):
