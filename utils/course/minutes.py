@@ -267,7 +267,8 @@ def second_times(nb):
         text = OWN.sub("", source(cell))
         phrases = [m.group(0).strip() for pattern in ([HEADER_TIME, RUN_TIME] if i == 0 else [RUN_TIME])
                    for m in pattern.finditer(text)]
-        found += [(i, phrase) for phrase in dict.fromkeys(phrases)]  # a phrase both patterns match, once
+        # a phrase both patterns match, once (the longer: "1.5 min" is not also reported as "1")
+        found += [(i, a) for a in dict.fromkeys(phrases) if not any(a != b and a in b for b in phrases)]
     return found
 
 
