@@ -16,15 +16,18 @@ below (each is the one the unit test, tests/test_course_minutes.py, holds the no
 - running (measured): the notebook's full-parameter run time from utils/course/run_minutes.json (``make course``,
   papermill's duration on a shared 2-core machine: an upper bound). A notebook not measured there uses the data
   file's stated estimate, and the table flags it (``est``);
-- exercises (computed, or an author's estimate): for a lesson, the numbered items of its last "## Exercises" (or
+- exercises (computed, or a lab's stated estimate): for a lesson, the numbered items of its last "## Exercises" (or
   "**Exercises**") section at EXERCISE_MINUTES each (an item that sends the learner to a lab is not counted: the
-  lab has its own time). For a lab, its author's estimate of the tasks, ``metadata.course.task_minutes`` (with
-  the words it was first stated in), else LAB_TASK_MINUTES per ``## YOUR CODE`` block.
+  lab has its own time). For a lab, the lab's stated estimate, ``metadata.course.task_minutes`` (the upper end
+  of the sentence its first cell once stated, kept in ``stated``), used as the tasks' minutes, reading, code and
+  running added to it; else LAB_TASK_MINUTES per ``## YOUR CODE`` block.
 
 The total is the sum, rounded up to a multiple of 5; where workshops have been recorded (--record), the median
-of their minutes, rounded up to 5, replaces it. A repository hook wants it at most 90 (MAX_MINUTES). --write
+of their minutes, rounded up to 5, replaces it (flagged STALE where the computed total has since moved by more
+than 20%: utils/course/observed.py). A repository hook wants it at most 90 (MAX_MINUTES). --write
 states it once, in cell 1's **Time** paragraph; no other sentence of a notebook may state how long it takes
-(second_times, which a test runs on every notebook).
+(second_times, which a test runs on every notebook). Running under a minute is said as "under a minute", whatever
+its rounding; the other parts' whole minutes then add up to their own rounded sum (whole_minutes).
 """
 
 import argparse
@@ -171,7 +174,7 @@ def exercise_items(nb):
 
 
 def lab_task_minutes(nb):
-    """The lab author's estimate of its tasks, metadata.course.task_minutes ({"minutes", "stated": the words it was
+    """The lab's stated estimate, used as its tasks' minutes: metadata.course.task_minutes ({"minutes", "stated": the words it was
     stated in, "note"}), or None."""
     task = nb.get("metadata", {}).get("course", {}).get("task_minutes")
     return task["minutes"] if task else None
@@ -225,10 +228,13 @@ def figure(path, data, p):
 
 def whole_minutes(p):
     """The parts in whole minutes that add up to the rounded sum (largest remainders round up), so that the
-    paragraph's parts never add up to more than the total it states."""
-    floors = {k: math.floor(p[k]) for k in PARTS}  # in this order, whatever the order of p (ties go to the first)
-    short = round(sum(p.values())) - sum(floors.values())
-    for k in sorted(PARTS, key=lambda k: p[k] - floors[k], reverse=True)[:max(short, 0)]:
+    paragraph's parts never add up to more than the total it states. A run under a minute is 0 here (the paragraph
+    says "under a minute"), and the other three add up to their own rounded sum: its seconds are lent to no part."""
+    sub_minute = p["running"] < 1
+    shown = [k for k in PARTS if not (sub_minute and k == "running")]
+    floors = {k: math.floor(p[k]) if k in shown else 0 for k in PARTS}  # in PARTS order (ties go to the first)
+    short = round(sum(p[k] for k in shown)) - sum(floors.values())
+    for k in sorted(shown, key=lambda k: p[k] - floors[k], reverse=True)[:max(short, 0)]:
         floors[k] += 1
     return floors
 
@@ -236,7 +242,7 @@ def whole_minutes(p):
 def time_paragraph(path, minutes, p, workshops=0):
     """The **Time** paragraph, in a learner's words: the total, then what it is made of."""
     w = whole_minutes(p)
-    running = f"{w['running']} running the cells" if w["running"] else "under a minute running the cells"
+    running = "under a minute running the cells" if p["running"] < 1 else f"{w['running']} running the cells"
     split = (f"{w['reading']} reading, {w['code']} on the code, {running}, {w['exercises']} on the "
              f"{'tasks' if is_lab(path) else 'exercises'}")
     if workshops:
@@ -251,23 +257,38 @@ def stated_minutes(first_cell):
     return int(m.group(1)) if m else None
 
 
-# A sentence that says how long a notebook, or running it, takes: in the first cell, any number of minutes; in any
-# markdown cell, a run time. Technical durations elsewhere (a 30 s timeout, a 5 s stagger) are not the notebook's.
-HEADER_TIME = re.compile(r"[^\n.;]*(?:\b\d+(?:\.\d+)?(?:\s*-\s*\d+)?\s*(?:min|minutes?|hours?)\b|\b(?:a|one) minute\b|"
-                         r"\bEstimated time\b|\*\*Tasks\*\*)[^\n.;]*", re.I)
-RUN_TIME = re.compile(r"[^\n.;]*(?:\brun(?:ning)? time\b|\b(?:whole|this) notebook takes\b)[^\n.;]*", re.I)
+# A sentence that says how long a notebook, or running it, takes. In the first cell: any duration (minutes, hours,
+# "half an hour", "1h15", seconds), besides its one **Time** paragraph. In every markdown cell: a run time, and a
+# duration in a sentence about the lesson, the notebook, the lab, its exercises or tasks (a budget, an estimate, a
+# "**Time**" line). Technical durations elsewhere (a 30 s timeout, gloo's 30-minute default, pip giving up after
+# 46 minutes) are not the notebook's; nor are the times of single cells in code comments (07c, 08a keep theirs:
+# code cells are not read).
+DURATION = (r"(?:\b\d+(?:\.\d+)?(?:\s*-\s*\d+(?:\.\d+)?)?\s*(?:min|mins|minutes?|hours?|hrs?)\b|\b\d+\s*h\s*\d*\b|"
+            r"\bhalf an hour\b|\b(?:an|one|a) (?:hour|minute)\b)")
+HEADER_TIME = re.compile(r"[^\n.;]*(?:" + DURATION + r"|(?:\babout|~|\btakes?)\s*\d+(?:\.\d+)?\s*s\b|\bEstimated time\b|\*\*Tasks\*\*)[^\n.;]*", re.I)
+RUN_TIME = re.compile(r"[^\n.;]*(?:\brun(?:ning)? time\b|\b(?:whole|this) notebook takes\b|\bEstimated time\b|"
+                      + re.escape(TIME_LINE) + r"|\*\*Time\*\*)[^\n.;]*", re.I)
+BUDGET = re.compile(r"[^\n.;]*(?:" + DURATION + r"[^\n.;]*\b(?:lessons?|notebooks?|labs?|exercises?|tasks?|in all)\b|"
+                    r"\b(?:lessons?|notebooks?|labs?|exercises?|tasks?|budget|allow|plan on)\b[^\n.;]*" + DURATION
+                    + r")[^\n.;]*", re.I)
 
 
 def second_times(nb):
-    """[(cell index, phrase)] of every sentence that states a time besides the generated **Time** paragraph."""
+    """[(cell index, phrase)] of every sentence that states a time besides the generated **Time** paragraph, which
+    the first cell holds exactly once (a second one is reported too)."""
     found = []
     for i, cell in enumerate(nb["cells"]):
         if cell["cell_type"] != "markdown":
             continue
-        text = OWN.sub("", source(cell))
-        phrases = [m.group(0).strip() for pattern in ([HEADER_TIME, RUN_TIME] if i == 0 else [RUN_TIME])
+        text = source(cell)
+        if i == 0:  # the one generated paragraph is the header's own; only here, and only once
+            own = [m.group(0) for m in OWN.finditer(text)]
+            found += [(0, extra) for extra in own[1:]]
+            text = OWN.sub("", text)
+        phrases = [m.group(0).strip() for pattern in ([HEADER_TIME, RUN_TIME, BUDGET] if i == 0 else
+                                                      [RUN_TIME, BUDGET])
                    for m in pattern.finditer(text)]
-        # a phrase both patterns match, once (the longer: "1.5 min" is not also reported as "1")
+        # a phrase several patterns match, once (the longer: "1.5 min" is not also reported as "1")
         found += [(i, a) for a in dict.fromkeys(phrases) if not any(a != b and a in b for b in phrases)]
     return found
 
@@ -311,8 +332,11 @@ def table(data):
         p, f = parts(path, data)
         t, workshops = figure(path, data, p)
         status = data.get("notebooks", {}).get(key(path), {}).get("status", "")
+        stale = observed.stale_workshops(data.get("notebooks", {}).get(key(path), {}), total(p))
         flags = ("" if f["measured"] else " est") + (" >90" if t > MAX_MINUTES else "") + \
             (f" from {workshops} workshop(s)" if workshops else "") + \
+            (f" STALE: {len(stale)} workshop(s) timed a lesson whose computed total has since moved by over "
+             f"{observed.STALE_FRACTION:.0%}" if stale else "") + \
             (" FAILED at full parameters" if status.startswith("failed") else "") + \
             (f" unresolved getsource: {', '.join(f['unresolved'])}" if f["unresolved"] else "")
         print(f"{key(path):<50} {f['words']:>6} {f['lines']:>6} {f['printed']:>7} {p['reading']:>5} {p['code']:>5} "
@@ -338,7 +362,9 @@ def main(argv=None):
     changed = []
     if args.record:
         try:
-            changed = observed.record_workshop(args.record, DATA, [key(p) for p in notebooks()])
+            before = load_data()
+            changed = observed.record_workshop(args.record, DATA, [key(p) for p in notebooks()],
+                                               computed=lambda k: total(parts(ROOT / k, before)[0]))
         except (ValueError, OSError) as error:  # a row to fix: its line and what to write, without a traceback
             ap.error(str(error))
         print(f"recorded {args.record}: {len(changed)} notebook(s); now `make guide` for TEACHING.md")

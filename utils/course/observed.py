@@ -11,7 +11,14 @@ A workshop record is a CSV file, one row per notebook taught, written by the tea
 ``notebook``: a stem or a path (``notebooks/...`` or ``labs/...``); ``minutes``: whole minutes from opening the
 notebook to the time most of the room had finished its exercises (or the lab's tasks), breaks left out;
 ``learners``: how many took part; ``date``: the workshop's, YYYY-MM-DD; ``note``: anything (may be empty).
-Recording the same file twice changes nothing (a row is keyed by notebook and date).
+A row is keyed by notebook, date and note: recording the same file twice changes nothing, and two rooms that
+taught one notebook on one day are two rows if their notes tell them apart (e.g. ``room A``, ``room B``); two
+rows of one file with the same three are refused, naming both lines.
+
+Each stored row keeps the notebook's computed total (minutes.total of its parts) when it was recorded, as
+``computed``: where the notebook's computed total has since moved by more than STALE_FRACTION of it, the lesson
+changed after the workshop, and ``python -m utils.course.minutes`` flags the figure (``stale``); a test fails
+until a new workshop is recorded or the old rows are removed.
 """
 
 import csv
@@ -23,6 +30,7 @@ import statistics
 from pathlib import Path
 
 COLUMNS = ("notebook", "minutes", "learners", "date", "note")
+STALE_FRACTION = 0.2  # a computed total moved by more than this since a workshop: the lesson is not the one taught
 MOST_MINUTES = 480  # a workshop day; a row above it is a typo (seconds, or a whole day for several notebooks)
 
 
@@ -41,6 +49,13 @@ def workshop_minutes(entry):
     if not rows:
         return None, 0
     return int(5 * math.ceil(statistics.median(r["minutes"] for r in rows) / 5)), len(rows)
+
+
+def stale_workshops(entry, computed):
+    """The recorded rows of a notebook's data entry whose computed total (stored with the row) differs from the
+    notebook's computed total now by more than STALE_FRACTION of the stored one: the lesson they timed changed."""
+    return [w for w in entry.get("workshops", [])
+            if abs(computed - w.get("computed", computed)) > STALE_FRACTION * w.get("computed", computed)]
 
 
 def _positive_int(text, what, row, most):
@@ -63,7 +78,7 @@ def read_record(path, keys):
         if missing:
             raise ValueError(f"{path}: no column {', '.join(missing)}; the first line must be {','.join(COLUMNS)} "
                              "(see python -m utils.course.minutes --help)")
-        rows = []
+        rows, seen = [], {}
         for n, raw in enumerate(reader, start=2):
             where = f"{path}, line {n}"
             name = (raw["notebook"] or "").strip()
@@ -77,23 +92,31 @@ def read_record(path, keys):
                 raise ValueError(f"{where}: date {raw['date']!r} is not YYYY-MM-DD") from None
             rows.append({"notebook": key, "minutes": _positive_int(raw["minutes"], "minutes", where, MOST_MINUTES),
                          "learners": _positive_int(raw["learners"], "learners", where, 10_000), "date": date,
-                         "note": (raw.get("note") or "").strip()})
+                         "note": (raw.get("note") or "").strip(), "line": n})
+            same = (key, date, rows[-1]["note"])
+            if same in seen:
+                raise ValueError(f"{where}: {key} on {date} with note {same[2]!r} is already line {seen[same]}; two "
+                                 "rooms on one day: tell them apart in the note (e.g. room A, room B)")
+            seen[same] = n
     if not rows:
         raise ValueError(f"{path}: no rows under the header; one row per notebook taught")
     return rows
 
 
-def record_workshop(path, data_path, keys):
-    """Store a workshop record's rows under each notebook's ``workshops`` in the data file; returns the keys of the
-    notebooks whose figures changed."""
+def record_workshop(path, data_path, keys, computed=None):
+    """Store a workshop record's rows under each notebook's ``workshops`` in the data file, a row replacing the one
+    of the same notebook, date and note; returns the keys of the notebooks whose figures changed. ``computed``:
+    key -> the notebook's computed total now, stored with each row (see stale_workshops)."""
     rows = read_record(path, keys)
     data = load(data_path)
     changed = []
     for row in rows:
         entry = data["notebooks"].setdefault(row["notebook"], {})
-        kept = [w for w in entry.get("workshops", []) if w["date"] != row["date"]]
+        kept = [w for w in entry.get("workshops", []) if (w["date"], w["note"]) != (row["date"], row["note"])]
         new = {k: row[k] for k in ("minutes", "learners", "date", "note")} | {"file": Path(path).name}
-        entry["workshops"] = sorted(kept + [new], key=lambda w: w["date"])
+        if computed is not None:
+            new["computed"] = computed(row["notebook"])
+        entry["workshops"] = sorted(kept + [new], key=lambda w: (w["date"], w["note"]))
         changed.append(row["notebook"])
     save(data, data_path)
     return sorted(set(changed))

@@ -232,8 +232,9 @@ def figures_section(data, paths):
         "- **Running**: papermill's duration of the whole notebook at its own parameters (its default "
         "`WORLD_SIZE`; a lab with its reference solution), by `make course` on a machine with "
         f"{' or '.join(map(str, cores))} cores shared with other jobs, so an upper bound for a laptop; the table "
-        "gives each run's date and the machine's 1-minute load average when it was stored (above the core count: "
-        "the notebook shared its cores). `python -m utils.course.minutes --measured build/course` stores them in "
+        "gives each run's date and the machine's 1-minute load average at the moment `--measured` stored the batch, "
+        "after all its notebooks had run: how busy the machine still was then, not a reading taken during each "
+        "notebook (a figure above the core count says other jobs were running at that moment). `python -m utils.course.minutes --measured build/course` stores them in "
         "`utils/course/run_minutes.json`.",
         "- **Memory**: the peak resident memory of the notebook's kernel and ranks, sampled by the same run.",
         "- **Workshops**: where a teacher has recorded a workshop (below), the minutes the room took.", "",
@@ -242,8 +243,9 @@ def figures_section(data, paths):
         f"- **Code**: the non-blank lines of the code cells, and of the `utils` source a cell prints, at "
         f"{minutes.LINES_PER_MINUTE} a minute.",
         f"- **Exercises**: a lesson's numbered exercises at {minutes.EXERCISE_MINUTES} minutes each (one that sends "
-        "to a lab not counted). A lab's tasks: its author's estimate, the upper end of what its first cell used to "
-        f"state (`metadata.course.task_minutes`): {stated}"
+        "to a lab not counted). A lab's tasks: the lab's stated estimate, the upper end of the sentence its first "
+        "cell used to state (`metadata.course.task_minutes`), taken as the minutes of its tasks alone; its reading, "
+        f"code and running are added to it as for a lesson: {stated}"
         + (f"; else {minutes.LAB_TASK_MINUTES} per `## YOUR CODE` block: {default}." if default else "."),
         f"- **Minutes**: the four parts' sum rounded up to a multiple of 5, or the median of the recorded "
         f"workshops rounded up to 5. The first cell of each notebook states the same figure, and no other time "
@@ -318,7 +320,7 @@ def render():
         raise KeyError(f"no teaching notes for {', '.join(missing)}: add them to NOTES in "
                        "utils/course/teaching_guide.py")
     lines = ["# Teaching the course: a guide for workshops", "",
-             "<!-- Written by utils/course/teaching_guide.py (`make guide`) from the notebooks' measured minutes; "
+             "<!-- Written by utils/course/teaching_guide.py (`make guide`) from the notebooks' stated minutes; "
              "edit that file, not this one. -->", "",
              "For a teacher preparing a one- or two-day workshop on a shared GPU box, a JupyterHub or a Slurm "
              "cluster. Run time and memory below are measured; reading, code and exercise minutes are computed "
@@ -355,7 +357,7 @@ def render():
                       f"mistakes its checker names, each with a hint): {mistakes}.", ""]
     lines += ["## Schedules", "",
               f"Sessions of at most {SESSION} minutes: " + ", ".join(f"{a}-{b}" for a, b in DAY) +
-              " (breaks between). A notebook may run across a break; times are its measured minutes, exercises "
+              " (breaks between). A notebook may run across a break; times are its stated minutes, exercises "
               "included. Labs are the evening's work, graded with `make grade`.", ""]
     for title, days in SCHEDULES.items():
         lines += [f"### {title[0].upper()}{title[1:]}", ""]
