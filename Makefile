@@ -128,7 +128,7 @@ test-catch-up: setup  ## every notebook run alone, from its own fresh copy of th
 	$(BIN)/python -m pytest $(XDIST) -m notebook --alone $(PYTEST_ARGS)
 
 .PHONY: guide
-guide: setup  ## rewrites TEACHING.md, the teacher's guide, from the measured minutes and memory (utils.course.teaching_guide)
+guide: setup  ## rewrites TEACHING.md, the teacher's guide, from the notebooks' stated minutes and measured memory (utils.course.teaching_guide)
 	$(BIN)/python -m utils.course.teaching_guide
 
 .PHONY: test-matrix

@@ -7,8 +7,9 @@ Each module runs as ``python -m utils.course.NAME`` (``make`` targets in bracket
   the test suite runs the notebooks through it (``tests/test_notebooks.py``, ``tests/conftest.py``).
 - ``early_errors``: the first cells of many notebooks in one Python, for the suite's check that an unsupported
   ``WORLD_SIZE`` fails at once.
-- ``minutes``: each notebook's stated minutes from its text and ``run_minutes.json``, the measured run times
-  (``make minutes``); ``teaching_guide`` writes TEACHING.md from them (``make guide``).
+- ``minutes``: each notebook's one stated time, from its text and ``run_minutes.json``, the measured run times
+  (``make minutes``); ``observed`` feeds that file (``make course``'s measurements, a workshop's real minutes:
+  ``minutes --measured``, ``--record``); ``teaching_guide`` writes TEACHING.md from them (``make guide``).
 - ``claims``: every sentence about what a library does carries a pointer into that library's source, checked.
 - ``shown_source``: the utils functions each notebook prints as source, listed in ``shown_source.json`` (``make
   shown``); ``changes``: the notebooks a change touches (``make test-quick``).

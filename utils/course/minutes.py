@@ -1,26 +1,33 @@
-"""How long each notebook takes a learner, from its text and its measured run time (a maintainer tool).
+"""How long each notebook takes a learner, from its text, its measured run time and real workshops (a maintainer tool).
 
     python -m utils.course.minutes            # a table: words, code lines, the four parts, total; flags > 90
-    python -m utils.course.minutes --write    # stores metadata.course.minutes (+ minutes_parts), restates it in cell 1
+    python -m utils.course.minutes --write    # stores metadata.course.minutes (+ minutes_parts), states it in cell 1
     python -m utils.course.minutes --measured build/course   # copies `make course`'s durations into the data file
+    python -m utils.course.minutes --record workshop.csv     # a workshop's real minutes (format: utils/course/observed.py)
 
-The four parts, in minutes (each rule is the one the unit test, tests/test_course_minutes.py, holds the notebooks
-to):
+The four parts, in minutes. Only running is measured; the other three are computed from the text by the rules
+below (each is the one the unit test, tests/test_course_minutes.py, holds the notebooks to):
 
-- reading: the words of the markdown cells (whitespace-separated, formulas and links included) / 150;
-- code: the code the learner reads, at 10 lines a minute. Counted: every non-blank line of every code cell,
-  comment lines included (they are read too), plus the non-blank lines of each utils function or class a
+- reading (computed): the words of the markdown cells (whitespace-separated, formulas and links included) / 150;
+- code (computed): the code the learner reads, at 10 lines a minute. Counted: every non-blank line of every code
+  cell, comment lines included (they are read too), plus the non-blank lines of each utils function or class a
   cell prints with ``Code(inspect.getsource(f))``, found statically with ast (see printed_source_lines; the
   table's ``printed`` column; a name it cannot resolve is listed and not counted);
-- running: the notebook's full-parameter run time from utils/course/run_minutes.json (``make course``, measured on a
-  shared 2-core machine: an upper bound). A notebook not measured there uses the data file's stated
-  estimate, and the table flags it (``est``);
-- exercises: for a lesson, the numbered items of its last "## Exercises" (or "**Exercises**") section at EXERCISE_MINUTES each (an
-  item that sends the learner to a lab is not counted: the lab has its own time). For a lab, the upper end of
-  the time the lab states for its tasks ("**Estimated time** 30-45 minutes", "**You need** 45-75 minutes",
-  "**Time**: about 45 minutes", renamed "**Tasks**:" by --write), else LAB_TASK_MINUTES per ``## YOUR CODE`` block.
+- running (measured): the notebook's full-parameter run time from utils/course/run_minutes.json (``make course``,
+  papermill's duration on a shared 2-core machine: an upper bound). A notebook not measured there uses the data
+  file's stated estimate, and the table flags it (``est``);
+- exercises (computed, or a lab's stated estimate): for a lesson, the numbered items of its last "## Exercises" (or
+  "**Exercises**") section at EXERCISE_MINUTES each (an item that sends the learner to a lab is not counted: the
+  lab has its own time). For a lab, the lab's stated estimate, ``metadata.course.task_minutes`` (the upper end
+  of the sentence its first cell once stated, kept in ``stated``), used as the tasks' minutes, reading, code and
+  running added to it; else LAB_TASK_MINUTES per ``## YOUR CODE`` block.
 
-The total is the sum, rounded up to a multiple of 5. A repository hook wants it at most 90 (MAX_MINUTES).
+The total is the sum, rounded up to a multiple of 5; where workshops have been recorded (--record), the median
+of their minutes, rounded up to 5, replaces it (flagged STALE where the computed total has since moved by more
+than 20%: utils/course/observed.py). A repository hook wants it at most 90 (MAX_MINUTES). --write
+states it once, in cell 1's **Time** paragraph; no other sentence of a notebook may state how long it takes
+(second_times, which a test runs on every notebook). Running under a minute is said as "under a minute", whatever
+its rounding; the other parts' whole minutes then add up to their own rounded sum (whole_minutes).
 """
 
 import argparse
@@ -31,6 +38,8 @@ import re
 import sys
 from pathlib import Path
 
+from . import observed
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).with_name("run_minutes.json")
 WORDS_PER_MINUTE = 150
@@ -38,7 +47,9 @@ LINES_PER_MINUTE = 10
 EXERCISE_MINUTES = 10    # one lesson exercise: read it, change a cell or two, re-run them (minutes of running)
 LAB_TASK_MINUTES = 20    # one "## YOUR CODE" block, where a lab states no time of its own
 MAX_MINUTES = 90
-TIME_LINE = "**Time**"   # the paragraph of the first cell that --write owns
+PARTS = ("reading", "code", "running", "exercises")
+TIME_LINE = "**Time**:"  # the paragraph of the first cell that --write owns
+OWN = re.compile(r"^" + re.escape(TIME_LINE) + r" about \d+ minutes\b.*$", re.M)
 
 
 def notebooks():
@@ -61,8 +72,7 @@ def is_lab(path):
 
 def markdown_words(nb):
     """Words of the markdown cells, less the **Time** paragraph that --write adds (so that writing it changes no figure)."""
-    own = re.compile(r"^" + re.escape(TIME_LINE) + r" about \d+ min in all:.*$", re.M)
-    return sum(len(own.sub("", source(c)).split()) for c in nb["cells"] if c["cell_type"] == "markdown")
+    return sum(len(OWN.sub("", source(c)).split()) for c in nb["cells"] if c["cell_type"] == "markdown")
 
 
 def cell_code_lines(nb):
@@ -163,16 +173,16 @@ def exercise_items(nb):
     return [item for item in items if not re.match(r"\*\*Lab\b", item) and "labs/" not in item]
 
 
-def lab_stated_minutes(nb):
-    """The upper end of the time a lab's first cell states for its tasks, or None."""
-    first = source(nb["cells"][0])
-    m = re.search(r"\*\*(?:Estimated time|You need|Time|Tasks)\*\*:?\s*(?:about\s+)?(\d+)(?:\s*-\s*(\d+))?\s*minutes", first)
-    return int(m.group(2) or m.group(1)) if m else None
+def lab_task_minutes(nb):
+    """The lab's stated estimate, used as its tasks' minutes: metadata.course.task_minutes ({"minutes", "stated": the words it was
+    stated in, "note"}), or None."""
+    task = nb.get("metadata", {}).get("course", {}).get("task_minutes")
+    return task["minutes"] if task else None
 
 
 def exercise_minutes(path, nb):
     if is_lab(path):
-        stated = lab_stated_minutes(nb)
+        stated = lab_task_minutes(nb)
         if stated is not None:
             return stated
         return LAB_TASK_MINUTES * sum(source(c).count("## YOUR CODE") for c in nb["cells"] if c["cell_type"] == "code")
@@ -205,115 +215,132 @@ def parts(path, data=None, nb=None):
 
 
 def total(p):
+    """The computed total: the four parts' sum, rounded up to a multiple of 5."""
     return int(5 * math.ceil(sum(p.values()) / 5))
 
 
-def time_paragraph(minutes, p):
-    return (f"{TIME_LINE} about {minutes} min in all: reading ~{math.ceil(p['reading'])} min, code ~{math.ceil(p['code'])} "
-            f"min, running ~{math.ceil(p['running'])} min, exercises ~{math.ceil(p['exercises'])} min.")
+def figure(path, data, p):
+    """(minutes, workshops): the one time a notebook states. The median of its recorded workshops (rounded up to
+    5) where there are any, else the computed total of its parts ``p``."""
+    recorded, workshops = observed.workshop_minutes(data.get("notebooks", {}).get(key(path), {}))
+    return (recorded, workshops) if workshops else (total(p), 0)
+
+
+def whole_minutes(p):
+    """The parts in whole minutes that add up to the rounded sum (largest remainders round up), so that the
+    paragraph's parts never add up to more than the total it states. A run under a minute is 0 here (the paragraph
+    says "under a minute"), and the other three add up to their own rounded sum: its seconds are lent to no part."""
+    sub_minute = p["running"] < 1
+    shown = [k for k in PARTS if not (sub_minute and k == "running")]
+    floors = {k: math.floor(p[k]) if k in shown else 0 for k in PARTS}  # in PARTS order (ties go to the first)
+    short = round(sum(p[k] for k in shown)) - sum(floors.values())
+    for k in sorted(shown, key=lambda k: p[k] - floors[k], reverse=True)[:max(short, 0)]:
+        floors[k] += 1
+    return floors
+
+
+def time_paragraph(path, minutes, p, workshops=0):
+    """The **Time** paragraph, in a learner's words: the total, then what it is made of."""
+    w = whole_minutes(p)
+    running = "under a minute running the cells" if p["running"] < 1 else f"{w['running']} running the cells"
+    split = (f"{w['reading']} reading, {w['code']} on the code, {running}, {w['exercises']} on the "
+             f"{'tasks' if is_lab(path) else 'exercises'}")
+    if workshops:
+        took = "as a workshop took it" if workshops == 1 else f"the median of {workshops} workshops"
+        return f"{TIME_LINE} about {minutes} minutes, {took} (from the text alone about {total(p)}: {split})."
+    return f"{TIME_LINE} about {minutes} minutes ({split})."
 
 
 def stated_minutes(first_cell):
     """The total the first cell states (from its **Time** paragraph), or None."""
-    m = re.search(re.escape(TIME_LINE) + r" about (\d+) min in all", first_cell)
+    m = re.search(re.escape(TIME_LINE) + r" about (\d+) minutes", first_cell)
     return int(m.group(1)) if m else None
 
 
-def restate(first, minutes, p):
-    """The first cell with its time said once, as the tool computes it; and a list of what changed."""
-    changes, new = [], first
-    # 1. our own paragraph, from an earlier --write, goes (it is written again below)
-    new = re.sub(r"\n*^" + re.escape(TIME_LINE) + r" about \d+ min in all:[^\n]*\n?", "\n", new, flags=re.M)
-    # 2. the old wordings of the reading time: "**You need** reading time ~40 min, " / "**Reading time** ~35 min, "
-    for pattern, repl in [
-        (r"(\*\*You need\*\*) reading time ~\d+(?:-\d+)? min, ", r"\1 "),
-        (r"\*\*Reading time\*\* ~\d+(?:-\d+)? min[,;] \*\*run time\*\*", "**Run time**"),
-        # a lab's own time for its tasks stays (it is the exercises part, read again on the next run);
-        # only lab 09's "**Time**:" is renamed, as the paragraph below owns that word
-        (r"\*\*Time\*\*: about (\d+) minutes\.", r"**Tasks**: about \1 minutes."),
-    ]:
-        for m in re.finditer(pattern, new):
-            changes.append(f"- {m.group(0)!r}")
-        new = re.sub(pattern, repl, new)
-    # 3. the new paragraph, before the one that says what the learner needs (else at the end)
-    line = time_paragraph(minutes, p)
+# A sentence that says how long a notebook, or running it, takes. In the first cell: any duration (minutes, hours,
+# "half an hour", "1h15", seconds), besides its one **Time** paragraph. In every markdown cell: a run time, and a
+# duration in a sentence about the lesson, the notebook, the lab, its exercises or tasks (a budget, an estimate, a
+# "**Time**" line). Technical durations elsewhere (a 30 s timeout, gloo's 30-minute default, pip giving up after
+# 46 minutes) are not the notebook's; nor are the times of single cells in code comments (07c, 08a keep theirs:
+# code cells are not read).
+DURATION = (r"(?:\b\d+(?:\.\d+)?(?:\s*-\s*\d+(?:\.\d+)?)?\s*(?:min|mins|minutes?|hours?|hrs?)\b|\b\d+\s*h\s*\d*\b|"
+            r"\bhalf an hour\b|\b(?:an|one|a) (?:hour|minute)\b)")
+HEADER_TIME = re.compile(r"[^\n.;]*(?:" + DURATION + r"|(?:\babout|~|\btakes?)\s*\d+(?:\.\d+)?\s*s\b|\bEstimated time\b|\*\*Tasks\*\*)[^\n.;]*", re.I)
+RUN_TIME = re.compile(r"[^\n.;]*(?:\brun(?:ning)? time\b|\b(?:whole|this) notebook takes\b|\bEstimated time\b|"
+                      + re.escape(TIME_LINE) + r"|\*\*Time\*\*)[^\n.;]*", re.I)
+BUDGET = re.compile(r"[^\n.;]*(?:" + DURATION + r"[^\n.;]*\b(?:lessons?|notebooks?|labs?|exercises?|tasks?|in all)\b|"
+                    r"\b(?:lessons?|notebooks?|labs?|exercises?|tasks?|budget|allow|plan on)\b[^\n.;]*" + DURATION
+                    + r")[^\n.;]*", re.I)
+
+
+def second_times(nb):
+    """[(cell index, phrase)] of every sentence that states a time besides the generated **Time** paragraph, which
+    the first cell holds exactly once (a second one is reported too)."""
+    found = []
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] != "markdown":
+            continue
+        text = source(cell)
+        if i == 0:  # the one generated paragraph is the header's own; only here, and only once
+            own = [m.group(0) for m in OWN.finditer(text)]
+            found += [(0, extra) for extra in own[1:]]
+            text = OWN.sub("", text)
+        phrases = [m.group(0).strip() for pattern in ([HEADER_TIME, RUN_TIME, BUDGET] if i == 0 else
+                                                      [RUN_TIME, BUDGET])
+                   for m in pattern.finditer(text)]
+        # a phrase several patterns match, once (the longer: "1.5 min" is not also reported as "1")
+        found += [(i, a) for a in dict.fromkeys(phrases) if not any(a != b and a in b for b in phrases)]
+    return found
+
+
+def restate(path, first, minutes, p, workshops=0):
+    """The first cell with its time said once, as the tool computes it: its **Time** paragraph (re)written before
+    the one that says what the learner needs (else at the end)."""
+    new = re.sub(r"\n*" + OWN.pattern + r"\n?", "\n", first, flags=re.M)
+    line = time_paragraph(path, minutes, p, workshops)
     paragraphs = re.split(r"\n\s*\n", new.strip("\n"))
-    at = next((i for i, s in enumerate(paragraphs) if re.search(r"\*\*(What you need|You need|Run time|run time|Estimated time)\*\*", s)),
+    at = next((i for i, s in enumerate(paragraphs) if re.search(r"\*\*(What you need|You need)\*\*", s)),
               len(paragraphs))
     paragraphs.insert(at, line)
-    new = "\n\n".join(paragraphs) + ("\n" if first.endswith("\n") else "")
-    changes.append(f"+ {line!r}")
-    return new, changes
+    return "\n\n".join(paragraphs) + ("\n" if first.endswith("\n") else "")
 
 
 def write(path, data):
     nb = json.loads(Path(path).read_text())
-    first = source(nb["cells"][0])
-    # the figures are those of the text as written: the old wordings removed first (the numbers do not matter there)
-    nb["cells"][0]["source"] = restate(first, 0, dict.fromkeys(("reading", "code", "running", "exercises"), 0))[0]
     p, _ = parts(path, data, nb)
-    minutes = total(p)
+    minutes, workshops = figure(path, data, p)
     course = nb["metadata"].setdefault("course", {})
     course["minutes"], course["minutes_parts"] = minutes, p
-    new, changes = restate(first, minutes, p)
+    first = source(nb["cells"][0])
+    new = restate(path, first, minutes, p, workshops)
     nb["cells"][0]["source"] = new.splitlines(keepends=True)
     Path(path).write_text(json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
-    print(f"{key(path)}: minutes = {minutes}")
-    for c in changes:
-        print(f"    {c}")
+    print(f"{key(path)}: minutes = {minutes}" + (f" (from {workshops} workshop(s))" if workshops else "")
+          + ("" if new == first else f"\n    + {time_paragraph(path, minutes, p, workshops)!r}"))
 
 
 def record_measured(build_dir, data_path=DATA, memory_only=False):
-    """Copy papermill's duration of each executed notebook under build_dir into the data file, with the
-    date, the core count and the load average now (the machine may be shared: the seconds are upper bounds);
-    a failed notebook gets its error's last lines. A notebook still running (no duration yet) is left as it was.
-    The peak memory of each notebook's processes (build_dir/peak_memory.json, written by ``make course``) goes
-    in as ``peak_memory_mb``; ``memory_only``: only that (a run on a loaded machine: its seconds say little,
-    its memory is the notebook's own)."""
-    import datetime
-    import os
-    data = load_data(data_path)
-    peaks_file = Path(build_dir) / "peak_memory.json"
-    peaks = json.loads(peaks_file.read_text()) if peaks_file.exists() else {}
-    run = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "cores": os.cpu_count(), "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
-           "command": "make course", "notebooks": []}
-    for out in sorted(Path(build_dir).glob("*/*.ipynb")):
-        nb = json.loads(out.read_text())
-        meta = nb["metadata"].get("papermill", {})
-        entry = data["notebooks"].setdefault(key(out), {})
-        if key(out) in peaks and not meta.get("exception") and meta.get("duration") is not None:
-            entry["peak_memory_mb"] = round(peaks[key(out)] / 2**20)
-        if memory_only:
-            continue
-        if meta.get("exception"):
-            errors = [o for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
-            last = errors[-1] if errors else {}
-            entry.update(status="failed at full parameters", seconds=None, measured_at=meta.get("end_time"),
-                         error=f"{last.get('ename', '?')}: {last.get('evalue', '')}"[-1500:])
-        elif meta.get("duration") is not None:
-            entry.update(seconds=round(meta["duration"], 1), status="ok", measured_at=meta.get("end_time"))
-            entry.pop("error", None)
-        else:
-            continue
-        run["notebooks"].append(key(out))
-    if not memory_only:
-        data.setdefault("runs", []).append(run)
-    Path(data_path).write_text(json.dumps(data, indent=1) + "\n")
+    """``make course``'s run times and memory into the data file (utils/course/observed.py)."""
+    observed.record_measured(build_dir, data_path, key, memory_only)
 
 
 def table(data):
     rows = []
-    print(f"{'notebook':<50} {'words':>6} {'lines':>6} {'printed':>7} {'read':>5} {'code':>5} {'run':>5} {'ex':>5} {'total':>5}")
+    print(f"{'notebook':<50} {'words':>6} {'lines':>6} {'printed':>7} {'read':>5} {'code':>5} {'run':>5} {'ex':>5} "
+          f"{'total':>5} {'stated':>6}")
     for path in notebooks():
         p, f = parts(path, data)
-        t = total(p)
+        t, workshops = figure(path, data, p)
         status = data.get("notebooks", {}).get(key(path), {}).get("status", "")
+        stale = observed.stale_workshops(data.get("notebooks", {}).get(key(path), {}), total(p))
         flags = ("" if f["measured"] else " est") + (" >90" if t > MAX_MINUTES else "") + \
+            (f" from {workshops} workshop(s)" if workshops else "") + \
+            (f" STALE: {len(stale)} workshop(s) timed a lesson whose computed total has since moved by over "
+             f"{observed.STALE_FRACTION:.0%}" if stale else "") + \
             (" FAILED at full parameters" if status.startswith("failed") else "") + \
             (f" unresolved getsource: {', '.join(f['unresolved'])}" if f["unresolved"] else "")
         print(f"{key(path):<50} {f['words']:>6} {f['lines']:>6} {f['printed']:>7} {p['reading']:>5} {p['code']:>5} "
-              f"{p['running']:>5} {p['exercises']:>5} {t:>5}{flags}")
+              f"{p['running']:>5} {p['exercises']:>5} {total(p):>5} {t:>6}{flags}")
         rows.append((key(path), t))
     over = [k for k, t in rows if t > MAX_MINUTES]
     print(f"\nover {MAX_MINUTES} min ({len(over)}): {', '.join(over) or 'none'}")
@@ -321,17 +348,29 @@ def table(data):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--write", action="store_true", help="store metadata.course.minutes and restate it in cell 1")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=observed.__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--write", action="store_true", help="store metadata.course.minutes and state it in cell 1")
     ap.add_argument("--measured", metavar="DIR", help="copy papermill durations from DIR (build/course) into the data file")
     ap.add_argument("--memory-only", action="store_true", help="with --measured: copy only the peak memory")
+    ap.add_argument("--record", metavar="CSV", help="a workshop's real minutes per notebook (format below) into the "
+                    "data file; the notebooks it names are then written again (as --write)")
     ap.add_argument("paths", nargs="*")
     args = ap.parse_args(argv)
     if args.measured:
         record_measured(args.measured, memory_only=args.memory_only)
+    changed = []
+    if args.record:
+        try:
+            before = load_data()
+            changed = observed.record_workshop(args.record, DATA, [key(p) for p in notebooks()],
+                                               computed=lambda k: total(parts(ROOT / k, before)[0]))
+        except (ValueError, OSError) as error:  # a row to fix: its line and what to write, without a traceback
+            ap.error(str(error))
+        print(f"recorded {args.record}: {len(changed)} notebook(s); now `make guide` for TEACHING.md")
     data = load_data()
-    if args.write:
-        for path in [Path(p) for p in args.paths] or notebooks():
+    if args.write or changed:
+        for path in [Path(p) for p in args.paths] or [ROOT / k for k in changed] or notebooks():
             write(path, data)
     else:
         table(data)

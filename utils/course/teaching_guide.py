@@ -1,12 +1,13 @@
-"""Writes TEACHING.md, the teacher's guide: every lesson and lab with its measured minutes, world sizes, cores
+"""Writes TEACHING.md, the teacher's guide: every lesson and lab with its minutes, world sizes, cores
 and memory, what to demo and what learners do alone, and a one-day and a two-day schedule built from the
 minutes (a maintainer tool, like utils/course/minutes.py; a test keeps TEACHING.md equal to what this writes).
 
     python -m utils.course.teaching_guide           # rewrites TEACHING.md (make guide)
     python -m utils.course.teaching_guide --check   # exit 1 if TEACHING.md is stale
 
-Where the numbers come from: minutes from each notebook's ``metadata.course.minutes_parts`` (utils/course/minutes.py:
-reading at 150 words a minute, code at 10 lines a minute, the full-parameter run time, exercises); world
+Where the numbers come from: minutes from each notebook's ``metadata.course.minutes`` and ``minutes_parts``
+(utils/course/minutes.py: reading at 150 words a minute, code at 10 lines a minute, exercises at 10 minutes an
+item or a lab's own estimate, all computed; the full-parameter run time, measured; or recorded workshops); world
 sizes from its parameters cell and ``metadata.course.world_sizes``; peak memory from utils/course/run_minutes.json
 (``make course`` samples the notebook's kernel and ranks). The labs' usual mistakes are their checkers' own
 hint tables (utils/checkers/), so the guide names the mistakes the checker recognises, no more.
@@ -19,7 +20,7 @@ import math
 import re
 import sys
 
-from . import minutes
+from . import minutes, observed
 from .notebook_runner import ROOT, course_metadata
 
 GUIDE = ROOT / "TEACHING.md"
@@ -204,7 +205,60 @@ def row(path, data):
         "key": minutes.key(path), "minutes": course.get("minutes"), "parts": parts, "world_size": n,
         "world_sizes": course.get("world_sizes") or "1-8", "cores": n and f"{math.ceil(n / 2)}-{n}",
         "memory": f"{peak / 1024:.1f} GB" if peak else "not measured", "seconds": entry.get("seconds"),
+        "run": run_measured(minutes.key(path), data), "workshops": len(entry.get("workshops", [])),
     }
+
+
+def run_measured(key, data):
+    """How a notebook's run time was measured, for the table: seconds, date, the load of the 2-core machine."""
+    entry = data["notebooks"].get(key, {})
+    if entry.get("seconds") is None:
+        return f"not measured (estimate {entry.get('estimate_minutes', 0)} min)"
+    run = observed.measuring_run(data, key)
+    load = f", load {run['load_average_1_5_15'][0]:.1f}" if run else ""
+    return f"{entry['seconds']:.0f} s ({entry.get('measured_at', '?')[:10]}{load})"
+
+
+def figures_section(data, paths):
+    """Where each figure comes from: measured (from what run, on which machine) or computed (by which rule)."""
+    cores = sorted({r["cores"] for r in data.get("runs", [])})
+    labs = [(p.stem, course_metadata(p).get("task_minutes")) for p in paths if p.parent.name == "labs"]
+    stated = "; ".join(f"{stem} {t['minutes']} (\"{t['stated'].replace('**', '')}\")"
+                       for stem, t in labs if t)
+    default = ", ".join(stem for stem, t in labs if not t)
+    return [
+        "## Where the figures come from", "",
+        "Measured:", "",
+        "- **Running**: papermill's duration of the whole notebook at its own parameters (its default "
+        "`WORLD_SIZE`; a lab with its reference solution), by `make course` on a machine with "
+        f"{' or '.join(map(str, cores))} cores shared with other jobs, so an upper bound for a laptop; the table "
+        "gives each run's date and the machine's 1-minute load average at the moment `--measured` stored the batch, "
+        "after all its notebooks had run: how busy the machine still was then, not a reading taken during each "
+        "notebook (a figure above the core count says other jobs were running at that moment). `python -m utils.course.minutes --measured build/course` stores them in "
+        "`utils/course/run_minutes.json`.",
+        "- **Memory**: the peak resident memory of the notebook's kernel and ranks, sampled by the same run.",
+        "- **Workshops**: where a teacher has recorded a workshop (below), the minutes the room took.", "",
+        "Computed from the notebook's text (`make minutes` prints the words, lines and parts of each):", "",
+        f"- **Reading**: the words of the markdown cells at {minutes.WORDS_PER_MINUTE} a minute.",
+        f"- **Code**: the non-blank lines of the code cells, and of the `utils` source a cell prints, at "
+        f"{minutes.LINES_PER_MINUTE} a minute.",
+        f"- **Exercises**: a lesson's numbered exercises at {minutes.EXERCISE_MINUTES} minutes each (one that sends "
+        "to a lab not counted). A lab's tasks: the lab's stated estimate, the upper end of the sentence its first "
+        "cell used to state (`metadata.course.task_minutes`), taken as the minutes of its tasks alone; its reading, "
+        f"code and running are added to it as for a lesson: {stated}"
+        + (f"; else {minutes.LAB_TASK_MINUTES} per `## YOUR CODE` block: {default}." if default else "."),
+        f"- **Minutes**: the four parts' sum rounded up to a multiple of 5, or the median of the recorded "
+        f"workshops rounded up to 5. The first cell of each notebook states the same figure, and no other time "
+        f"(a test checks both). At most {minutes.MAX_MINUTES}, one session.", "",
+        "**Record a workshop.** After the day, write one row per notebook taught, in a CSV file:", "",
+        "```", ",".join(observed.COLUMNS), "02a_ddp_from_scratch,85,12,2026-12-01,exercises 1-3 only", "```", "",
+        "`minutes`: from opening the notebook until most of the room had finished its exercises (a lab: its "
+        "tasks), breaks left out; `learners`: how many took part. `python -m utils.course.minutes --record "
+        "FILE` stores the rows in `utils/course/run_minutes.json` and writes the notebooks' first cells again; "
+        "`make guide` then rewrites this page and its schedules with them. Send the change (or the CSV) upstream.", "",
+        "`make course` runs every notebook at full parameters; `make guide` rewrites this page. `make test-catch-up` "
+        "runs each notebook alone from a fresh copy of the course: a learner who falls behind can start at any "
+        "lesson.", ""]
 
 
 def lab_mistakes(stem):
@@ -266,27 +320,31 @@ def render():
         raise KeyError(f"no teaching notes for {', '.join(missing)}: add them to NOTES in "
                        "utils/course/teaching_guide.py")
     lines = ["# Teaching the course: a guide for workshops", "",
-             "<!-- Written by utils/course/teaching_guide.py (`make guide`) from the notebooks' measured minutes; "
+             "<!-- Written by utils/course/teaching_guide.py (`make guide`) from the notebooks' stated minutes; "
              "edit that file, not this one. -->", "",
              "For a teacher preparing a one- or two-day workshop on a shared GPU box, a JupyterHub or a Slurm "
-             "cluster. Every figure below is measured (how: the end of this page); the schedules are built from "
-             "those minutes, so they hold as long as the notebooks do. The room itself (`make preflight USERS=N` checks the "
+             "cluster. Run time and memory below are measured; reading, code and exercise minutes are computed "
+             "from the notebooks' text, and replaced by what real workshops took once a teacher records them (which "
+             "is which, and from what: the end of this page). The schedules are built from those minutes, so they "
+             "hold as long as the notebooks do. The room itself (`make preflight USERS=N` checks the "
              "box, `make hub USERS=N` serves the course to N learners, `make slurm-recipe` prints the cluster's "
              "reservation, jobs and SSH tunnel): the README's \"Teaching a workshop\".", "",
              "## Every lesson and lab", "",
-             "Minutes: the whole sitting (reading + code + running + exercises); running at full parameters on a "
-             "shared 2-core machine, an upper bound for a laptop. Ranks: the notebook's default `WORLD_SIZE` "
+             "Minutes: the whole sitting, the figure each notebook's first cell states: reading + code + running + "
+             "exercises (whole minutes, each rounded so that they add up to the rounded sum), or recorded workshops "
+             "where marked. Run measured: the full-parameter run behind the running minutes. Ranks: the notebook's default `WORLD_SIZE` "
              "(and the sizes it accepts). Cores: a rank a core runs at full speed; the launcher accepts up to two "
              "ranks a core. Memory: the peak resident memory of the notebook's kernel and ranks together at full "
              "parameters (shared libraries counted once per process: an upper bound).", "",
-             "| notebook | minutes (read / code / run / exercises) | ranks (accepted) | cores | memory |",
-             "| --- | --- | --- | --- | --- |"]
+             "| notebook | minutes (read / code / run / exercises) | run measured | ranks (accepted) | cores | memory |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for p in paths:
         r = rows[p.stem]
         q = r["parts"]
-        split = " / ".join(f"{q.get(k, 0):.0f}" for k in ("reading", "code", "running", "exercises"))
+        split = " / ".join(str(v) for v in minutes.whole_minutes(q).values()) if q else "-"
+        split += f"; {r['workshops']} workshop{'s' * (r['workshops'] > 1)}" if r["workshops"] else ""
         sizes = ", ".join(map(str, r["world_sizes"])) if isinstance(r["world_sizes"], list) else r["world_sizes"]
-        lines.append(f"| [{r['key']}]({r['key']}) | {r['minutes']} ({split}) | {r['world_size'] or '-'} ({sizes}) | "
+        lines.append(f"| [{r['key']}]({r['key']}) | {r['minutes']} ({split}) | {r['run']} | {r['world_size'] or '-'} ({sizes}) | "
                      f"{r['cores'] or '-'} | {r['memory']} |")
     lines += ["", "## What to demo, what learners do alone, the usual questions", ""]
     for p in paths:
@@ -299,7 +357,7 @@ def render():
                       f"mistakes its checker names, each with a hint): {mistakes}.", ""]
     lines += ["## Schedules", "",
               f"Sessions of at most {SESSION} minutes: " + ", ".join(f"{a}-{b}" for a, b in DAY) +
-              " (breaks between). A notebook may run across a break; times are its measured minutes, exercises "
+              " (breaks between). A notebook may run across a break; times are its stated minutes, exercises "
               "included. Labs are the evening's work, graded with `make grade`.", ""]
     for title, days in SCHEDULES.items():
         lines += [f"### {title[0].upper()}{title[1:]}", ""]
@@ -311,13 +369,7 @@ def render():
             if HOMEWORK.get(i):
                 lines += ["", "Evening: " + ", ".join(f"{h} ({rows[h]['minutes']} min)" for h in HOMEWORK[i]) + "."]
             lines.append("")
-    lines += ["## Where the figures come from", "",
-              "`make minutes` prints each notebook's minutes and how they are made; `make course` runs every "
-              "notebook at full parameters and measures its time and peak memory; `python -m utils.course.minutes "
-              "--measured build/course` stores them in `utils/course/run_minutes.json`; `make guide` rewrites this "
-              "page. "
-              "`make test-catch-up` runs each notebook alone from a fresh copy of the course: a learner who falls "
-              "behind can start at any lesson.", ""]
+    lines += figures_section(data, paths)
     return "\n".join(lines)
 
 
