@@ -9,6 +9,8 @@ Each module runs as ``python -m utils.course.NAME`` (``make`` targets in bracket
   ``WORLD_SIZE`` fails at once.
 - ``minutes``: each notebook's stated minutes from its text and ``run_minutes.json``, the measured run times
   (``make minutes``); ``teaching_guide`` writes TEACHING.md from them (``make guide``).
+- ``stray_output``: every warning or stderr line of an executed notebook is on its list, explained in its text
+  (``tests/test_notebooks.py`` fails a notebook on any other).
 - ``claims``: every sentence about what a library does carries a pointer into that library's source, checked.
 - ``shown_source``: the utils functions each notebook prints as source, listed in ``shown_source.json`` (``make
   shown``); ``changes``: the notebooks a change touches (``make test-quick``).
