@@ -75,7 +75,7 @@ endif
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (distributed course)" >/dev/null
 	@# JupyterLab reads <sys.prefix>/share/jupyter/lab/settings/overrides.d/*.json as its defaults (jupyterlab_server's
 	@# _get_overrides); a learner's own settings still win. tests/test_lab_settings.py checks them.
-	install -D -m 644 $(LAB_SETTINGS) $(LAB_OVERRIDES)
+	mkdir -p $(dir $(LAB_OVERRIDES)) && cp $(LAB_SETTINGS) $(LAB_OVERRIDES)
 	@# git strips notebook outputs when staging: nbstripout as a git filter (.gitattributes names it), keeping
 	@# cell ids; not "required", so a removed .venv leaves `git add` working (the tests still refuse outputs)
 	@if git rev-parse --git-dir >/dev/null 2>&1; then $(BIN)/nbstripout --install --attributes .gitattributes && \

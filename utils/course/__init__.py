@@ -19,6 +19,9 @@ Each module runs as ``python -m utils.course.NAME`` (``make`` targets in bracket
   standard library only).
 - ``bench_launch``: how long a multi-rank launch takes, and threads per rank (``make bench``; it asserts nothing).
 
+- ``lab_overrides.json``: JupyterLab's defaults for the course (no news pop-up, no kernel chooser), which ``make setup``
+  installs into ``.venv`` (``tests/test_lab_settings.py``).
+
 Nothing is imported here. The student release (``utils.workshop.student``) keeps ``notebook_runner`` and
-``run_minutes.json``, which its own tests use, and leaves the rest out.
+``run_minutes.json``, which its own tests use, and ``lab_overrides.json``, and leaves the rest out.
 """

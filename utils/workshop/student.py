@@ -46,7 +46,7 @@ FILES = ("README.md", "Makefile", "pyproject.toml", "environment.yml", ".gitigno
          "data/README.md", "tests/conftest.py", "utils/course/__init__.py", "utils/course/notebook_runner.py",
          "utils/course/run_minutes.json", "utils/course/lab_overrides.json")
 SKIP = {"__pycache__", ".ipynb_checkpoints", "workshop"}  # utils/workshop: this module and the other teachers' tools
-TOOLS = "utils/course"  # the maintainers' tools: the release keeps only those its tests run (in FILES)
+TOOLS = "utils/course"  # the maintainers' tools: the release keeps only those its tests run and `make setup` installs (FILES)
 SUITE = "utils/workshop/student_suite.py"  # the release's own tests, written as tests/test_course.py
 NOT_THERE = re.compile(rf"{FLAG}|\b(from|import)\s+{SOLUTIONS}\b|labs/{SOLUTIONS}/\w+\.py")
 
