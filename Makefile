@@ -109,8 +109,10 @@ test-quick: setup  ## unit tests (not slow) + the notebooks your change touches 
 shown: setup  ## the utils source that lessons print and your change edits, with the lessons (since QUICK_SINCE=HEAD)
 	$(BIN)/python -m utils.course.shown_source --changed $(QUICK_SINCE)
 
-course: setup  ## every notebook with its full parameters, into build/course/, then a table
-	$(BIN)/python -m utils.course.notebook_runner
+course: setup  ## every notebook with its full parameters, into build/course/, then a table; then their stray output
+	@# the stray check runs even where a notebook failed (its list tells more); the target fails if either does
+	@status=0; $(BIN)/python -m utils.course.notebook_runner || status=$$?; \
+	  $(BIN)/python -m utils.course.stray_output build/course || status=$$?; exit $$status
 
 bench: setup  ## launch-time benchmark of run_ranks (not a test: it only measures)
 	$(BIN)/python -m utils.course.bench_launch

@@ -47,10 +47,15 @@ def test_notebook_runs(path, world_size, record_property, request, tmp_path, war
     ok, seconds, log = execute(run, out, parameters_for(path, SMOKE=True, WORLD_SIZE=world_size), warm=warm)
     record_property("notebook_time", (f"{path.relative_to(ROOT)} (WORLD_SIZE={world_size})", ok, seconds))
     assert ok, f"{path.name} failed under papermill with WORLD_SIZE={world_size} (executed copy in {out}):\n{log[-6000:]}"
-    stray = stray_output(out / path.parent.name / path.name, path)  # utils/course/stray_output.py
-    assert not stray, (f"{path.name} (WORLD_SIZE={world_size}) printed warnings or stderr that its text does not "
-                       "explain: explain each in a cell and list it in metadata.course.expected_output, or silence it "
-                       "at its source with a comment saying why:\n" + "\n".join(stray))
+    assert_no_stray_output(out / path.parent.name / path.name, path, f"WORLD_SIZE={world_size}")
+
+
+def assert_no_stray_output(executed, path, run):
+    """Every warning and stderr line of the executed copy is listed and explained (utils/course/stray_output.py)."""
+    stray = stray_output(executed, path)
+    assert not stray, (f"{path.name} ({run}) printed warnings or stderr that its text does not explain: explain each "
+                       "in a cell and list it in metadata.course.expected_output, or silence it at its source with a "
+                       "comment saying why:\n" + "\n".join(stray))
 
 
 @pytest.mark.gpu
@@ -73,6 +78,7 @@ def test_notebook_on_one_gpu(path, record_property):
     ok, seconds, log = execute(path, out, parameters_for(path, SMOKE=True, WORLD_SIZE=1))
     record_property("notebook_time", (f"{path.relative_to(ROOT)} (GPU, WORLD_SIZE=1)", ok, seconds))
     assert ok, f"{path.name} failed under papermill on a GPU with WORLD_SIZE=1 (executed copy in {out}):\n{log[-6000:]}"
+    assert_no_stray_output(out / path.parent.name / path.name, path, "GPU, WORLD_SIZE=1")
 
 
 def test_world_sizes_metadata():
