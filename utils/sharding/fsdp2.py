@@ -81,10 +81,12 @@ def full_tensor_unremarked():
     """Drops one note of torch's, and only it, while a check gathers DTensors: a weight that tp shards on dim 0 has,
     under FSDP2, placements (_StridedShard(dim=0), Shard(dim=0)), and ``full_tensor()`` gathers it with two
     all-gathers, one per mesh dimension, that DTensor cannot merge into one ("non-ascending order").
-    ``torch/distributed/tensor/_redistribute.py`` logs a warning for that once per process, mesh and reason:
-    "suboptimal", more latency, "may give inconsistent results between ranks due to different reduction orders".
-    An all-gather reduces nothing, so the gathered tensor is exact; the latency, one more collective in a check run
-    once. Its other messages, and this one for other collectives, pass."""
+    ``torch/distributed/tensor/_redistribute.py`` (``_warn_flatten_optimization_not_possible``) logs a warning for
+    that once per process for each key (mesh, mesh dimensions, reason): "suboptimal", more latency, "may give
+    inconsistent results between ranks due to different reduction orders". An all-gather reduces nothing, so the
+    gathered tensor is exact; the latency, one more collective in a check run once. Its other messages, and this one
+    for other collectives (a reduce_scatter, which does reduce), pass, within torch's once-per-key limit: a key whose
+    all_gather note was dropped here is not warned about again, for any collective."""
     def keep(record):  # the format's arguments: source, target, count, collective, reason
         return not (str(record.msg).startswith("While redistributing from") and record.args[3:4] == ("all_gather",))
     log = logging.getLogger("torch.distributed.tensor._redistribute")
