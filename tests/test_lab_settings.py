@@ -55,6 +55,10 @@ def test_setup_installed_them_where_jupyterlab_reads_them():
     for (plugin, key), value in QUIET.items():
         assert found.get(plugin, {}).get(key) == value, (f"{plugin} {key} is {found.get(plugin, {}).get(key)!r} in "
                                                          f"JupyterLab's overrides, not {value!r}: run `make setup`")
+    # the file the Makefile copies, byte for byte: a stale copy (or a setup that no longer copies it) fails here
+    installed = Path(get_app_dir()) / "settings" / "overrides.d" / "distributed-course.json"
+    assert installed.is_file() and installed.read_bytes() == SETTINGS.read_bytes(), (
+        f"{installed} is not a copy of {SETTINGS.relative_to(ROOT)}: run `make setup` (its cp line installs it)")
 
 
 @pytest.mark.slow
