@@ -9,6 +9,10 @@ BIN    := $(VENV)/bin
 # itself with --no-deps.
 SYSTEM_TORCH ?=
 STAMP  := $(VENV)/.installed-stamp$(if $(SYSTEM_TORCH),-system-torch)
+# JupyterLab's defaults for the course (no "Jupyter news?" pop-up, no kernel chooser): installed by setup into
+# .venv's app settings, so `make lab`, the hub's learners and the Slurm job all get them (utils/course/lab_overrides.json)
+LAB_SETTINGS  := utils/course/lab_overrides.json
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.d/distributed-course.json
 LAB_ARGS ?=
 PYTEST_ARGS ?=
 # JupyterLab refuses to run as root (common in workshop containers) unless told it may.
@@ -46,7 +50,7 @@ TORCH_NOT_SEEN += virtual environment? Then install the course into that environ
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile $(LAB_SETTINGS)
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 11) <= v <= (3, 12) else \
 	  "The course needs Python 3.11 or 3.12, but $(PYTHON) is %d.%d: run make PYTHON=python3.11 ..." % v)'
 ifeq ($(SYSTEM_TORCH),)
@@ -69,6 +73,9 @@ endif
 	@# The course's own kernel, inside .venv; JUPYTER_PATH (below, and tests/conftest.py) puts it first,
 	@# so a user-wide "python3" kernel from another environment cannot take its place.
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (distributed course)" >/dev/null
+	@# JupyterLab reads <sys.prefix>/share/jupyter/lab/settings/overrides.d/*.json as its defaults (jupyterlab_server's
+	@# _get_overrides); a learner's own settings still win. tests/test_lab_settings.py checks them.
+	mkdir -p $(dir $(LAB_OVERRIDES)) && cp $(LAB_SETTINGS) $(LAB_OVERRIDES)
 	@# git strips notebook outputs when staging: nbstripout as a git filter (.gitattributes names it), keeping
 	@# cell ids; not "required", so a removed .venv leaves `git add` working (the tests still refuse outputs)
 	@if git rev-parse --git-dir >/dev/null 2>&1; then $(BIN)/nbstripout --install --attributes .gitattributes && \
@@ -102,8 +109,10 @@ test-quick: setup  ## unit tests (not slow) + the notebooks your change touches 
 shown: setup  ## the utils source that lessons print and your change edits, with the lessons (since QUICK_SINCE=HEAD)
 	$(BIN)/python -m utils.course.shown_source --changed $(QUICK_SINCE)
 
-course: setup  ## every notebook with its full parameters, into build/course/, then a table
-	$(BIN)/python -m utils.course.notebook_runner
+course: setup  ## every notebook with its full parameters, into build/course/, then a table; then their stray output
+	@# the stray check runs even where a notebook failed (its list tells more); the target fails if either does
+	@status=0; $(BIN)/python -m utils.course.notebook_runner || status=$$?; \
+	  $(BIN)/python -m utils.course.stray_output build/course || status=$$?; exit $$status
 
 bench: setup  ## launch-time benchmark of run_ranks (not a test: it only measures)
 	$(BIN)/python -m utils.course.bench_launch

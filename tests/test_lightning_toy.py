@@ -46,6 +46,29 @@ def test_indivisible_global_batch_names_the_numbers():
         model.train_dataloader()
 
 
-def test_quiet_lightning_silences_the_banners():
-    quiet_lightning()
-    assert logging.getLogger("lightning.pytorch").level == logging.ERROR
+def test_quiet_lightning_silences_the_banners_and_keeps_lightnings_warnings():
+    """Lightning's real loggers: its info lines (the banners) are off, its logged warnings (signal_connector's failed
+    SLURM requeue) still print, and of its ``warnings.warn`` ones only the two the lessons make on purpose are off."""
+    import warnings
+
+    import lightning_utilities.core.rank_zero as rank_zero  # rank_zero_info's logger: Lightning's, once imported
+    from lightning.fabric.utilities import distributed
+    from lightning.pytorch.callbacks import model_summary
+    from lightning.pytorch.trainer.connectors import signal_connector
+
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [log.level for log in loggers]
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            quiet_lightning()
+            for module in (rank_zero, distributed, model_summary, signal_connector):
+                assert not module.log.isEnabledFor(logging.INFO), module.log.name  # the banners
+                assert module.log.isEnabledFor(logging.WARNING), module.log.name  # a failed requeue, say
+            for message in ("The 'train_dataloader' does not have many workers", "LeafSpec is deprecated",
+                            "Lightning's other warning"):
+                warnings.warn(message, UserWarning)
+        assert [str(w.message) for w in caught] == ["Lightning's other warning"]
+    finally:
+        for log, level in zip(loggers, levels):
+            log.setLevel(level)

@@ -10,6 +10,8 @@ it wrong ones). A notebook whose lesson cannot use a size lists the sizes it can
 ``metadata.course.world_sizes``: the other sizes are skipped here, and the notebook itself raises
 a clear error for them (tested below). An optional lesson lists the modules it needs beyond the
 course's own in ``metadata.course.requires``; where one is not installed it is skipped, with the reason.
+An executed notebook's warnings and stderr lines must each be on its ``metadata.course.expected_output`` list
+(utils/course/stray_output.py), which names the cell whose text explains it.
 """
 
 import sys
@@ -18,6 +20,7 @@ import pytest
 from utils.course.notebook_runner import (BUILD, ROOT, alone_copy, course_notebooks, execute, kernel_env,
                                           missing_requirements, parameters_for, suite_world_sizes,
                                           supported_world_sizes)
+from utils.course.stray_output import stray_output
 from utils.launch.warm import WarmStarts
 
 
@@ -44,6 +47,15 @@ def test_notebook_runs(path, world_size, record_property, request, tmp_path, war
     ok, seconds, log = execute(run, out, parameters_for(path, SMOKE=True, WORLD_SIZE=world_size), warm=warm)
     record_property("notebook_time", (f"{path.relative_to(ROOT)} (WORLD_SIZE={world_size})", ok, seconds))
     assert ok, f"{path.name} failed under papermill with WORLD_SIZE={world_size} (executed copy in {out}):\n{log[-6000:]}"
+    assert_no_stray_output(out / path.parent.name / path.name, path, f"WORLD_SIZE={world_size}")
+
+
+def assert_no_stray_output(executed, path, run):
+    """Every warning and stderr line of the executed copy is listed and explained (utils/course/stray_output.py)."""
+    stray = stray_output(executed, path)
+    assert not stray, (f"{path.name} ({run}) printed warnings or stderr that its text does not explain: explain each "
+                       "in a cell and list it in metadata.course.expected_output, or silence it at its source with a "
+                       "comment saying why:\n" + "\n".join(stray))
 
 
 @pytest.mark.gpu
@@ -66,6 +78,7 @@ def test_notebook_on_one_gpu(path, record_property):
     ok, seconds, log = execute(path, out, parameters_for(path, SMOKE=True, WORLD_SIZE=1))
     record_property("notebook_time", (f"{path.relative_to(ROOT)} (GPU, WORLD_SIZE=1)", ok, seconds))
     assert ok, f"{path.name} failed under papermill on a GPU with WORLD_SIZE=1 (executed copy in {out}):\n{log[-6000:]}"
+    assert_no_stray_output(out / path.parent.name / path.name, path, "GPU, WORLD_SIZE=1")
 
 
 def test_world_sizes_metadata():

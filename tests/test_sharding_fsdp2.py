@@ -39,3 +39,45 @@ def test_the_reference_trains_on_lesson_04s_batches():
     assert losses == expected  # the same model, batches and Adam: bit for bit
     assert state.keys() == model.state_dict().keys()
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+
+
+def test_full_tensor_unremarked_drops_only_the_all_gather_note():
+    """torch's own warning function, driven with a stand-in mesh (it reads only its hash and dimension names): inside
+    the context the all_gather note is dropped, a reduce_scatter note and any other message pass; outside it, all."""
+    import logging
+
+    from torch.distributed.tensor import _redistribute
+
+    from utils.sharding.fsdp2 import full_tensor_unremarked
+
+    class Mesh:  # a new object each call, kept alive (its hash is its id): a key torch has not warned about yet
+        mesh_dim_names = ("dp", "tp")
+
+    meshes = []
+
+    def note(collective):
+        meshes.append(Mesh())
+        _redistribute._warn_flatten_optimization_not_possible(
+            meshes[-1], (1, 0), ("_StridedShard(dim=0)", "Shard(dim=0)"), ("Replicate()", "Replicate()"), 2, collective,
+            "non_ascending_mesh_dims")
+
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    log, handler = _redistribute.logger, Keep()
+    assert log.name == "torch.distributed.tensor._redistribute"  # the logger full_tensor_unremarked filters
+    log.addHandler(handler)
+    try:
+        with full_tensor_unremarked():
+            note("all_gather")
+            note("reduce_scatter")
+            log.warning("another message")
+        note("all_gather")
+    finally:
+        log.removeHandler(handler)
+    assert len(seen) == 3, seen
+    assert seen[0].startswith("While redistributing from") and "2 sequential reduce_scatter operations" in seen[0]
+    assert seen[1] == "another message" and "sequential all_gather operations" in seen[2], seen

@@ -47,7 +47,8 @@ def test_no_reference_solution_anywhere(built):
     assert not re.search(rf"\b(from|import)\s+{SOLUTIONS}\b", text), "an import of a reference solution"
     assert not (release / "utils" / "workshop").exists(), "the teachers' tools stay with the teachers"
     kept = sorted(p.name for p in (release / "utils" / "course").iterdir() if p.is_file())
-    assert kept == ["__init__.py", "notebook_runner.py", "run_minutes.json"], "of the maintainers' tools, the runner"
+    assert kept == ["__init__.py", "lab_overrides.json", "notebook_runner.py", "run_minutes.json"], \
+        "of the maintainers' tools, the runner, and the JupyterLab settings that `make setup` installs"
 
 
 def test_every_lab_is_there_with_its_stubs_and_only_the_reference_lines_are_gone(built):

@@ -59,9 +59,7 @@ def lab(tmp_path_factory):
     docmanager = settings / "@jupyterlab" / "docmanager-extension"
     docmanager.mkdir(parents=True)
     (docmanager / "plugin.jupyterlab-settings").write_text(json.dumps({"autosave": False}))
-    apputils = settings / "@jupyterlab" / "apputils-extension"  # no "Jupyter news?" toast over the page
-    apputils.mkdir(parents=True)
-    (apputils / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
+    # no "Jupyter news?" toast over the page: the course's own overrides (utils/course/lab_overrides.json) see to it
     env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(settings),
                JUPYTERLAB_WORKSPACES_DIR=str(tmp_path_factory.mktemp("lab-workspaces")))
     notebooks = {p: p.read_bytes() for p in ROOT.glob("*/*.ipynb")}

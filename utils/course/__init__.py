@@ -10,6 +10,8 @@ Each module runs as ``python -m utils.course.NAME`` (``make`` targets in bracket
 - ``minutes``: each notebook's one stated time, from its text and ``run_minutes.json``, the measured run times
   (``make minutes``); ``observed`` feeds that file (``make course``'s measurements, a workshop's real minutes:
   ``minutes --measured``, ``--record``); ``teaching_guide`` writes TEACHING.md from them (``make guide``).
+- ``stray_output``: every warning or stderr line of an executed notebook is on its list, explained in its text
+  (``tests/test_notebooks.py`` fails a notebook on any other).
 - ``claims``: every sentence about what a library does carries a pointer into that library's source, checked.
 - ``shown_source``: the utils functions each notebook prints as source, listed in ``shown_source.json`` (``make
   shown``); ``changes``: the notebooks a change touches (``make test-quick``).
@@ -18,6 +20,9 @@ Each module runs as ``python -m utils.course.NAME`` (``make`` targets in bracket
   standard library only).
 - ``bench_launch``: how long a multi-rank launch takes, and threads per rank (``make bench``; it asserts nothing).
 
+- ``lab_overrides.json``: JupyterLab's defaults for the course (no news pop-up, no kernel chooser), which ``make setup``
+  installs into ``.venv`` (``tests/test_lab_settings.py``).
+
 Nothing is imported here. The student release (``utils.workshop.student``) keeps ``notebook_runner`` and
-``run_minutes.json``, which its own tests use, and leaves the rest out.
+``run_minutes.json``, which its own tests use, and ``lab_overrides.json``, and leaves the rest out.
 """

@@ -30,6 +30,11 @@ def _fit_in_clean_process(trainer, model, fit_kwargs):
     """Runs in the fresh process: the fit, then what ``ddp_notebook`` hands back to its caller."""
     import os
 
+    from .quiet import quiet_lightning
+
+    # the lesson quiets Lightning in its kernel; this process is a fork of the rank server, so it (and the ranks it
+    # forks) would print the banners and the warnings the lesson turned off
+    quiet_lightning()
     os.environ["OMP_NUM_THREADS"] = "1"  # Lightning then leaves each forked rank on one thread
     torch.set_num_threads(1)
     trainer.fit(model, **fit_kwargs)

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ..sharding.fsdp2 import shard_with_fsdp2
+from ..sharding.fsdp2 import full_tensor_unremarked, shard_with_fsdp2
 from ..tensor_parallel.toy_plan import apply_toy_tp
 from .toy import LitToy, quiet_trainer
 
@@ -55,7 +55,6 @@ def fit_tp_in_ranks(train_data, tp_size, steps, global_batch, lr):
     Returns this rank's losses (of its data-parallel group's slice), its data-parallel rank, the full final weights (``DTensor.full_tensor()``), what each
     parameter is on this rank (placements, local shape) and the bytes it holds.
     """
-    import logging
     import warnings
 
     from lightning.pytorch.strategies import ModelParallelStrategy
@@ -63,9 +62,6 @@ def fit_tp_in_ranks(train_data, tp_size, steps, global_batch, lr):
     from .toy import quiet_lightning
 
     quiet_lightning()
-    # full_tensor() of a 2-D (FSDP2 x TP) parameter gathers in two steps, and DTensor warns that one would be
-    # faster: true, and beside the point for a check done once at the end
-    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     # FSDP2 (data-parallel size > 1) warns that a module returned a view, which an in-place op could spoil;
     # ToyNet adds out of place (h = h + ...), so the warning is about a bug this model does not have
     warnings.filterwarnings("ignore", ".*returned a view tensor.*")
@@ -78,7 +74,8 @@ def fit_tp_in_ranks(train_data, tp_size, steps, global_batch, lr):
                             enable_checkpointing=False, limit_val_batches=0)
     trainer.fit(model)
     state = model.net.state_dict()
-    full = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu() for k, v in state.items()}
+    with full_tensor_unremarked():  # a 2-D (FSDP2 x TP) parameter gathers in two steps: torch's note on it dropped
+        full = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu() for k, v in state.items()}
     layout = {k: (str(tuple(v.placements)), tuple(v.to_local().shape)) if isinstance(v, DTensor) else ("plain", tuple(v.shape))
               for k, v in state.items()}
     return dict(losses=model.losses, dp_rank=strategy.device_mesh["data_parallel"].get_local_rank(), state=full, layout=layout, bytes=model.held_bytes(),

@@ -14,17 +14,16 @@ own ``DistributedSampler`` inside each rank, ``training_step`` / ``validation_st
 ``sync_dist=True`` (so every rank sees the same metric), ``configure_optimizers`` picks SGD or Adam.
 Everything else (the loop, backward, the all-reduce, the optimizer step, checkpoints) is the Trainer's.
 
-``quiet_lightning()`` silences Lightning's banners and two warnings the lesson triggers on purpose.
+``quiet_lightning()`` (from ``quiet``, here for the lessons) silences Lightning's banners and two warnings the lesson
+triggers on purpose.
 The runs both parts of lesson 08 make live here too (derived in notebooks/08a_lightning_strategies.ipynb,
 reused by notebooks/08b_lightning_speedups.ipynb): ``quiet_trainer``, ``fit_in_ranks`` (a Trainer in ranks
 that already exist) and ``early_stopping_run`` (``ModelCheckpoint`` + ``EarlyStopping`` under ``ddp_notebook``).
 """
 
 import json
-import logging
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import lightning as L
@@ -39,6 +38,8 @@ from utils.sharding.memory import state_bytes
 from utils.models import make_model as _seeded_model
 from utils.perf.measure import stopwatch
 from utils.sharding.fsdp2 import shard_with_fsdp2
+
+from .quiet import quiet_lightning  # the lessons import it from here
 
 __all__ = ["GLOBAL_BATCH", "LR", "LitToy", "digits_in_order", "early_stopping_data", "early_stopping_run", "fit_in_ranks",
            "make_model", "quiet_lightning", "quiet_trainer", "read_ranks", "shard_with_fsdp2"]
@@ -146,18 +147,6 @@ class LitToy(L.LightningModule):
         Path(self.out_dir, f"rank{self.global_rank}.json").write_text(json.dumps(seen))
 
 
-def quiet_lightning():
-    """No "GPU available: False" banners, and no warnings about choices the lesson makes on purpose.
-
-    ``num_workers=0`` is deliberate in most runs (the data are tensors in memory), and ``LeafSpec``
-    is a deprecation inside Lightning's own code, which no learner can fix. Call it once per process.
-    """
-    for name in ("lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", ".*does not have many workers.*")
-    warnings.filterwarnings("ignore", ".*LeafSpec.*")
-
-
 def quiet_trainer(**kwargs):
     """A ``Trainer`` with the flags every run of lesson 08 shares: our sampler, no bars, summaries or loggers."""
     return L.Trainer(use_distributed_sampler=False,  # keep our sampler: lesson 02's data order
@@ -173,6 +162,7 @@ def fit_in_ranks(train_data, strategy, shard=False, steps=3):
     """Runs in every rank of run_ranks: one Trainer per rank, joining the existing process group."""
     from utils.launch import rank_device
 
+    quiet_lightning()  # a rank is a fork of the rank server: the kernel's call does not reach it
     device = rank_device()
     model = LitToy(train_data, shard=shard)
     trainer = quiet_trainer(accelerator="gpu" if device.type == "cuda" else "cpu", devices=dist.get_world_size(),

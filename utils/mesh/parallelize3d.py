@@ -30,6 +30,7 @@ from torch.utils.checkpoint import checkpoint
 from ..launch import rank_device
 from ..perf.configs import llama_config
 from ..planner.shapes import check_plan
+from ..sharding.fsdp2 import full_tensor_unremarked
 from .context4d import positions, shard_batch, use_ring_attention
 from .mesh3d import MeshCommLedger, model_state_bytes
 from .plan3d import BATCH, HEADS, HIDDEN, LAYERS, LR, SEQ, SHAPE, VOCAB, unrunnable
@@ -244,8 +245,9 @@ def train(plan, steps, measure_step=1, lr=LR, compile_backend=None):
             torch.cuda.synchronize()  # CUDA runs ahead of Python: time the work, not its launch
         seconds = time.perf_counter() - start
         if step == 0:  # full gradients, gathered over dp and tp (outside the ledger)
-            out["grads"] = {hf_name(n): _local(p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).clone()
-                            for n, p in stage.named_parameters()}
+            with full_tensor_unremarked():  # two all-gathers: torch's note on them is dropped (read why there)
+                out["grads"] = {hf_name(n): _local(p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad)
+                                .clone() for n, p in stage.named_parameters()}
         loss = torch.stack(mb_losses).mean() if mb_losses else torch.zeros((), device=device)
         dist.all_reduce(loss, group=mesh["pp"].get_group())  # only the last stage had it
         dist.all_reduce(loss, group=mesh["dp"].get_group())  # mean over the dp slices

@@ -7,7 +7,11 @@ Lesson 04's batches are here too: ``fsdp_batch``, rank r's equal slice of a glob
 train on it), and ``fsdp_losses``, the bare loop that lesson 04's ``torchrun`` script
 (``notebooks/scripts/04_fsdp_train.py``) runs, so that the lesson can check that ``torchrun`` reproduces its cells.
 The one process they must reproduce is ``utils.models.train_reference(steps, FSDP_BATCH, "adam", FSDP_LR,
-ordered=False)``."""
+ordered=False)``. ``full_tensor_unremarked`` gathers a parameter that FSDP2 shards over a tensor-parallel one
+(lesson 08c; lessons 09 and 14 through ``utils.mesh.parallelize3d``) without torch's note on it."""
+
+import contextlib
+import logging
 
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -17,7 +21,8 @@ from ..datasets import batch
 from ..launch import rank_device
 from ..models import make_model, make_optimizer
 
-__all__ = ["FSDP2_GROUPS", "FSDP_BATCH", "FSDP_LR", "shard_with_fsdp2", "fsdp_batch", "fsdp_losses"]
+__all__ = ["FSDP2_GROUPS", "FSDP_BATCH", "FSDP_LR", "shard_with_fsdp2", "fsdp_batch", "fsdp_losses",
+           "full_tensor_unremarked"]
 
 #: the groups ``shard_with_fsdp2`` makes, in forward order: the ToyNet submodules of each block group
 FSDP2_GROUPS = (("embed",), ("mix1", "mix2"), ("head",))
@@ -69,3 +74,24 @@ def fsdp_losses(steps, hidden=512, size=FSDP_BATCH, lr=FSDP_LR):
         losses.append(global_mean(loss))
         say_step(step, steps, losses[-1])
     return losses
+
+
+@contextlib.contextmanager
+def full_tensor_unremarked():
+    """Drops one note of torch's, and only it, while a check gathers DTensors: a weight that tp shards on dim 0 has,
+    under FSDP2, placements (_StridedShard(dim=0), Shard(dim=0)), and ``full_tensor()`` gathers it with two
+    all-gathers, one per mesh dimension, that DTensor cannot merge into one ("non-ascending order").
+    ``torch/distributed/tensor/_redistribute.py`` (``_warn_flatten_optimization_not_possible``) logs a warning for
+    that once per process for each key (mesh, mesh dimensions, reason): "suboptimal", more latency, "may give
+    inconsistent results between ranks due to different reduction orders". An all-gather reduces nothing, so the
+    gathered tensor is exact; the latency, one more collective in a check run once. Its other messages, and this one
+    for other collectives (a reduce_scatter, which does reduce), pass, within torch's once-per-key limit: a key whose
+    all_gather note was dropped here is not warned about again, for any collective."""
+    def keep(record):  # the format's arguments: source, target, count, collective, reason
+        return not (str(record.msg).startswith("While redistributing from") and record.args[3:4] == ("all_gather",))
+    log = logging.getLogger("torch.distributed.tensor._redistribute")
+    log.addFilter(keep)
+    try:
+        yield
+    finally:
+        log.removeFilter(keep)

@@ -35,7 +35,10 @@ def png_width(png: bytes) -> int:
 
 
 class ScheduleExplorer:
-    """One control per argument of ``figure``; every change redraws ``picture`` or explains in ``message``."""
+    """One control per argument of ``figure``; every change redraws ``picture`` or explains in ``message``.
+
+    The picture is an ``Image`` widget whose value is replaced, not ``interactive_output``: its ``Output`` widget can
+    deadlock a headless papermill run (nbclient issue 312), which is how the test suite executes lesson 06b."""
 
     def __init__(self, figure, stages=4, microbatches=8, schedule="1F1B", backward_cost=2.0,
                  schedules=("GPipe", "1F1B")):

@@ -44,9 +44,9 @@ REMOVED = "### SOLUTION REMOVED"  # what nbgrader puts in a region's place (its 
 FOLDERS = ("notebooks", "labs", "utils")
 FILES = ("README.md", "Makefile", "pyproject.toml", "environment.yml", ".gitignore", ".gitattributes",
          "data/README.md", "tests/conftest.py", "utils/course/__init__.py", "utils/course/notebook_runner.py",
-         "utils/course/run_minutes.json")
+         "utils/course/run_minutes.json", "utils/course/lab_overrides.json")
 SKIP = {"__pycache__", ".ipynb_checkpoints", "workshop"}  # utils/workshop: this module and the other teachers' tools
-TOOLS = "utils/course"  # the maintainers' tools: the release keeps only those its tests run (in FILES)
+TOOLS = "utils/course"  # the maintainers' tools: the release keeps only those its tests run and `make setup` installs (FILES)
 SUITE = "utils/workshop/student_suite.py"  # the release's own tests, written as tests/test_course.py
 NOT_THERE = re.compile(rf"{FLAG}|\b(from|import)\s+{SOLUTIONS}\b|labs/{SOLUTIONS}/\w+\.py")
 
