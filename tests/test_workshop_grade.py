@@ -99,13 +99,59 @@ def test_finds_both_layouts_and_skips_other_notebooks(tmp_path):
                  "submitted/ann/lab06/scratch.ipynb", "submitted/ann/.ipynb_checkpoints/03_zero_lab-checkpoint.ipynb"):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text("{}")
-    answers, skipped = grader.find_submissions(tmp_path)  # the course folder: its submitted/ is used
+    answers, skipped, learners = grader.find_submissions(tmp_path)  # the course folder: its submitted/ is used
     assert [(a.learner, a.lab, a.feedback) for a in answers] == [
         ("ann", "03_zero_lab", "03_zero_lab.md"), ("ann", "06_pipeline_lab", "lab06/06_pipeline_lab.md")]
-    assert skipped == ["ann/lab06/scratch.ipynb"]
+    assert skipped == {"ann/lab06/scratch.ipynb": "not a lab of the course"} and learners == {"ann": ""}
     plenty = 64 * 2**30
     assert grader.default_workers(4, cores=2, memory=plenty) == 2 and grader.default_workers(4, 16, plenty) == 16
     assert grader.default_workers(4, 16, memory=8 * 2**30) == 4 and grader.default_workers(4, 16, memory=0) == 1
+
+
+def test_every_learner_folder_is_a_row(tmp_path):
+    """Issue 37: an empty folder, or one named ``..x``, got no row. Every folder under submitted/ is a learner now,
+    whatever its name; a symlinked one has a row that says it was not followed (find_submissions says why), and a
+    notebook linked out of submitted/ is not read."""
+    submitted, outside = tmp_path / "course" / "submitted", tmp_path / "elsewhere"
+    lab = f"{LAB}.ipynb"
+    with_lab = ["..x", "a learner", "Zoë 李", "ann"]  # each hands in lab 06
+    for name in with_lab:
+        (submitted / name / "lab06").mkdir(parents=True)
+        (submitted / name / "lab06" / lab).write_text("{}")
+    (submitted / "empty").mkdir()
+    (submitted / ".hidden").mkdir()
+    (submitted / ".hidden" / "notes.ipynb").write_text("{}")  # a notebook, but no lab
+    (submitted / ".ipynb_checkpoints").mkdir()  # Jupyter's, no learner
+    (submitted / "README.txt").write_text("a file, no learner")
+    (outside / "bob").mkdir(parents=True)
+    (outside / "bob" / lab).write_text("{}")
+    (outside / "03_zero_lab.ipynb").write_text("{}")
+    (submitted / "linked").symlink_to(outside / "bob", target_is_directory=True)
+    (submitted / "ann" / "03_zero_lab.ipynb").symlink_to(outside / "03_zero_lab.ipynb")
+
+    answers, skipped, learners = grader.find_submissions(submitted.parent)
+    assert sorted(learners) == sorted(with_lab + ["empty", ".hidden", "linked"])
+    assert learners["linked"] == grader.LINK and all(learners[n] == "" for n in learners if n != "linked")
+    assert sorted(a.learner for a in answers) == sorted(with_lab) and {a.lab for a in answers} == {LAB}
+    assert all(a.notebook.is_relative_to(submitted.resolve()) for a in answers), "an answer read from outside"
+    assert skipped[".hidden/notes.ipynb"] == "not a lab of the course"
+    assert "not followed" in skipped["ann/03_zero_lab.ipynb"] and "copy the folder in" in skipped["linked"]
+
+    verdicts = [grader.Verdict(a.learner, a.lab, "only part", "pass") for a in answers]
+    csv_path, html_path = write_gradebook(answers, verdicts, tmp_path / "out", learners)
+    import csv
+    with open(csv_path, newline="", encoding="utf-8") as f:
+        rows = {row[0]: row[1:] for row in csv.reader(f)}
+    assert rows.pop("learner") == [LAB, "labs passed"]
+    assert sorted(rows) == sorted(learners), "a learner without a row, or a row without a learner"
+    assert all(rows[name] == ["pass", "1/1"] for name in with_lab)
+    assert rows["empty"] == rows[".hidden"] == ["not submitted", "0/1"]
+    assert rows["linked"] == [grader.LINK, "0/1"]
+    import re
+    from urllib.parse import unquote
+    links = re.findall(r'<a href="([^"]+)">', html_path.read_text(encoding="utf-8"))
+    assert len(links) == len(with_lab) and all((html_path.parent / unquote(href)).is_file() for href in links)
+    assert "a%20learner/lab06/" in html_path.read_text(encoding="utf-8"), "a space in a link, not encoded"
 
 
 @pytest.mark.slow
@@ -115,7 +161,7 @@ def test_bad_submissions_are_verdicts_and_touch_nothing_outside(tmp_path):
     flat = tmp_path / "submitted" / "zed" / "03_zero_lab.ipynb"  # the flat layout, a lab of two parts
     flat.parent.mkdir()
     nbformat.write(notebook_with("03_zero_lab", {"make_buckets": reference_source("03_zero_lab")}), str(flat))
-    answers, _ = grader.find_submissions(tmp_path / "submitted")
+    answers, _, learners = grader.find_submissions(tmp_path / "submitted")
     home_file = Path.home() / "planted-by-grade-test"
     assert not home_file.exists()
     before = _listing(ROOT)
@@ -134,7 +180,7 @@ def test_bad_submissions_are_verdicts_and_touch_nothing_outside(tmp_path):
     verdicts = ending + hung
     verdicts.append(grader.run_answer(zero[0], 0, world_size=2, timeout=timeout))  # make_buckets only
     seconds = time.perf_counter() - start
-    paths = write_gradebook(answers, verdicts, tmp_path / "out")
+    paths = write_gradebook(answers, verdicts, tmp_path / "out", learners)
 
     assert _listing(ROOT) == before, "an answer changed a file of the repository"
     assert not home_file.exists(), "an answer wrote to the grader's HOME"
