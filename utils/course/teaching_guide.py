@@ -185,6 +185,30 @@ def stem_path(stem):
                    "(renamed? update utils/course/teaching_guide.py)")
 
 
+def schedule_name(title):
+    """A schedule's short name (``make preflight SCHEDULE=...``): its title before the colon, "one-day"."""
+    return title.split(":")[0].replace(" ", "-")
+
+
+def schedule_stems(name):
+    """The notebooks schedule ``name`` uses: its days' lessons and their evenings' labs; "all": every one."""
+    if name == "all":
+        return [p.stem for p in minutes.notebooks()]
+    for title, days in SCHEDULES.items():
+        if schedule_name(title) == name:
+            return [stem for i, day in enumerate(days) for stem in day + HOMEWORK.get(i, [])]
+    raise KeyError(f"no schedule {name!r}; the schedules are all, "
+                   f"{', '.join(schedule_name(t) for t in SCHEDULES)} (utils/course/teaching_guide.py)")
+
+
+def measured_peak(stem, data):
+    """The notebook's peak resident memory in bytes as ``make course`` measured it (``peak_memory_mb`` in
+    utils/course/run_minutes.json: notebook_runner.PeakMemory's largest sum over papermill, the kernel and its ranks,
+    sampled every 0.5 s at full parameters), or None where it was not measured."""
+    mib = data["notebooks"].get(minutes.key(stem_path(stem)), {}).get("peak_memory_mb")
+    return mib * 2**20 if mib else None
+
+
 def default_world_size(path):
     nb = json.loads(path.read_text())
     for cell in nb["cells"]:
@@ -199,11 +223,11 @@ def row(path, data):
     parts = course.get("minutes_parts", {})
     n = default_world_size(path)
     entry = data["notebooks"].get(minutes.key(path), {})
-    peak = entry.get("peak_memory_mb")
+    peak = measured_peak(path.stem, data)
     return {
         "key": minutes.key(path), "minutes": course.get("minutes"), "parts": parts, "world_size": n,
         "world_sizes": course.get("world_sizes") or "1-8", "cores": n and f"{math.ceil(n / 2)}-{n}",
-        "memory": f"{peak / 1024:.1f} GB" if peak else "not measured", "seconds": entry.get("seconds"),
+        "memory": f"{peak / 2**30:.1f} GB" if peak else "not measured", "seconds": entry.get("seconds"),
     }
 
 
@@ -303,6 +327,11 @@ def render():
               "included. Labs are the evening's work, graded with `make grade`.", ""]
     for title, days in SCHEDULES.items():
         lines += [f"### {title[0].upper()}{title[1:]}", ""]
+        peaks = {s: measured_peak(s, data) or 0 for s in schedule_stems(schedule_name(title))}
+        top = max(peaks, key=peaks.get)
+        lines += [f"Memory: its largest notebook, {top}, peaks at {peaks[top] / 2**30:.1f} GB; "
+                  f"`make preflight USERS=N SCHEDULE={schedule_name(title)}` asks that of the box for each learner, "
+                  "plus a kernel left running.", ""]
         for i, day in enumerate(days):
             slots, need, capacity = lay_out(day, rows)
             lines += [f"Day {i + 1} ({need} of {capacity} minutes):", "",
