@@ -127,6 +127,13 @@ def test_every_learner_folder_is_a_row(tmp_path):
     (outside / "bob" / lab).write_text("{}")
     (outside / "03_zero_lab.ipynb").write_text("{}")
     (submitted / "linked").symlink_to(outside / "bob", target_is_directory=True)
+    try:  # a name that is not UTF-8 (Linux allows any bytes; macOS refuses them)
+        os.mkdir(os.fsencode(submitted) + b"/caf\xe9")
+        with_lab.append(os.fsdecode(b"caf\xe9"))
+        (submitted / with_lab[-1] / lab).write_text("{}")
+        (submitted / with_lab[-1] / "notes.ipynb").write_text("{}")  # skipped, so the command line prints its name
+    except OSError:
+        pass
     (submitted / "ann" / "03_zero_lab.ipynb").symlink_to(outside / "03_zero_lab.ipynb")
 
     answers, skipped, learners = grader.find_submissions(submitted.parent)
@@ -142,16 +149,26 @@ def test_every_learner_folder_is_a_row(tmp_path):
     import csv
     with open(csv_path, newline="", encoding="utf-8") as f:
         rows = {row[0]: row[1:] for row in csv.reader(f)}
+    shown = lambda name: name.encode("utf-8", "backslashreplace").decode()  # noqa: E731 -- non-UTF-8 bytes as \udcXX
     assert rows.pop("learner") == [LAB, "labs passed"]
-    assert sorted(rows) == sorted(learners), "a learner without a row, or a row without a learner"
-    assert all(rows[name] == ["pass", "1/1"] for name in with_lab)
+    assert sorted(rows) == sorted(map(shown, learners)), "a learner without a row, or a row without a learner"
+    assert all(rows[shown(name)] == ["pass", "1/1"] for name in with_lab)
     assert rows["empty"] == rows[".hidden"] == ["not submitted", "0/1"]
     assert rows["linked"] == [grader.LINK, "0/1"]
     import re
-    from urllib.parse import unquote
+    from urllib.parse import unquote_to_bytes
     links = re.findall(r'<a href="([^"]+)">', html_path.read_text(encoding="utf-8"))
-    assert len(links) == len(with_lab) and all((html_path.parent / unquote(href)).is_file() for href in links)
+    assert len(links) == len(with_lab), links
+    assert all(os.path.isfile(os.fsencode(html_path.parent) + b"/" + unquote_to_bytes(href)) for href in links), links
     assert "a%20learner/lab06/" in html_path.read_text(encoding="utf-8"), "a space in a link, not encoded"
+
+    # The command line prints every name, on a terminal that refuses what is not UTF-8 too (no lab graded here).
+    import subprocess
+    command = [sys.executable, "-m", "utils.workshop.grade", str(submitted), str(tmp_path / "cli"), "--labs", "03_zero_lab"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, env=dict(os.environ, PYTHONIOENCODING="utf-8:strict"))
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    with open(tmp_path / "cli" / "gradebook.csv", newline="", encoding="utf-8") as f:
+        assert sorted(row[0] for row in csv.reader(f)) == sorted(["learner", *map(shown, learners)])
 
 
 @pytest.mark.slow

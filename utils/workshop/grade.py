@@ -298,6 +298,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     from .gradebook import write_gradebook
 
+    sys.stdout.reconfigure(errors="backslashreplace")  # a learner's name that is not UTF-8: \udcXX, not a crash
+
     try:
         answers, skipped, learners = find_submissions(args.submissions)
     except FileNotFoundError as err:

@@ -25,6 +25,9 @@ __all__ = ["cell", "write_gradebook"]
 
 NOT_SUBMITTED = "not submitted"
 COLOURS = {"pass": "#d4edda", NOT_SUBMITTED: "#eeeeee"}  # anything else: not yet (#f8d7da)
+# A folder name that is not UTF-8 (an archive unpacked from another system) reaches Python with its bytes as
+# surrogates (PEP 383): written as \udcXX in the text, percent-encoded byte for byte in a link, never a crash.
+NAME_ERRORS = "backslashreplace"
 
 
 def cell(verdicts):
@@ -70,15 +73,15 @@ def write_gradebook(answers, verdicts, out, learners):
         table[answer.learner, answer.lab] = cell(found)
         path = out / "feedback" / answer.learner / answer.feedback
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(_feedback(answer, found), encoding="utf-8")
+        path.write_text(_feedback(answer, found), encoding="utf-8", errors=NAME_ERRORS)
         links[answer.learner, answer.lab] = path.relative_to(out).as_posix()
     rows = [[learner] + [table.get((learner, lab), missing.get(learner) or NOT_SUBMITTED) for lab in labs]
             for learner in learners]
     for row in rows:
         row.append(f"{row[1:].count('pass')}/{len(labs)}")
-    with open(out / "gradebook.csv", "w", newline="", encoding="utf-8") as f:
+    with open(out / "gradebook.csv", "w", newline="", encoding="utf-8", errors=NAME_ERRORS) as f:
         csv.writer(f).writerows([["learner", *labs, "labs passed"], *rows])
-    (out / "gradebook.html").write_text(_html(labs, rows, links), encoding="utf-8")
+    (out / "gradebook.html").write_text(_html(labs, rows, links), encoding="utf-8", errors=NAME_ERRORS)
     (out / "results.json").write_text(json.dumps([asdict(v) for v in verdicts], indent=1))
     return [out / "gradebook.csv", out / "gradebook.html"]
 
@@ -88,7 +91,7 @@ def _html(labs, rows, links):
         colour = COLOURS.get(text, "#f8d7da")
         body = html.escape(text)
         if (learner, lab) in links:
-            body = f'<a href="{html.escape(quote(links[learner, lab]))}">{body}</a>'
+            body = f'<a href="{html.escape(quote(links[learner, lab], errors="surrogateescape"))}">{body}</a>'
         return f'<td style="background:{colour}">{body}</td>'
 
     head = "".join(f"<th>{html.escape(h)}</th>" for h in ["learner", *labs, "labs passed"])
