@@ -142,7 +142,7 @@ def test_every_learner_folder_is_a_row(tmp_path):
     assert sorted(a.learner for a in answers) == sorted(with_lab) and {a.lab for a in answers} == {LAB}
     assert all(a.notebook.is_relative_to(submitted.resolve()) for a in answers), "an answer read from outside"
     assert skipped[".hidden/notes.ipynb"] == "not a lab of the course"
-    assert "not followed" in skipped["ann/03_zero_lab.ipynb"] and "copy the folder in" in skipped["linked"]
+    assert "not followed" in skipped["ann/03_zero_lab.ipynb"] and "copy it in" in skipped["linked"]
 
     verdicts = [grader.Verdict(a.learner, a.lab, "only part", "pass") for a in answers]
     csv_path, html_path = write_gradebook(answers, verdicts, tmp_path / "out", learners)
@@ -169,6 +169,44 @@ def test_every_learner_folder_is_a_row(tmp_path):
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
     with open(tmp_path / "cli" / "gradebook.csv", newline="", encoding="utf-8") as f:
         assert sorted(row[0] for row in csv.reader(f)) == sorted(["learner", *map(shown, learners)])
+
+
+def test_a_learner_named_submitted_and_links_inside_submitted(tmp_path, monkeypatch):
+    """Review of issue 37: given submitted/ itself, a learner named ``submitted`` made it step in and lose every other
+    row; a symlink loop crashed the run (``resolve()`` raises RuntimeError); a notebook linked to another learner's
+    was graded as the first learner's; a linked subfolder inside a learner was silently ignored; an unreadable
+    learner folder read as not submitted."""
+    submitted = tmp_path / "submitted"
+    lab = f"{LAB}.ipynb"
+    for name in ("ann", "submitted", "bob", "cy", "dee"):
+        (submitted / name).mkdir(parents=True)
+    (submitted / "ann" / lab).write_text("{}")
+    (submitted / "submitted" / lab).write_text("{}")
+    (submitted / "loop").symlink_to("loop")  # a learner that is a symlink loop
+    (submitted / "bob" / lab).symlink_to(submitted / "ann" / lab)  # bob's notebook is ann's file
+    (submitted / "bob" / "03_zero_lab.ipynb").symlink_to("03_zero_lab.ipynb")  # a notebook linked to itself
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / lab).write_text("{}")
+    (submitted / "cy" / "lab06").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (submitted / "dee" / lab).write_text("{}")
+    real_scandir = os.scandir
+
+    def scandir(path="."):  # as root, chmod 000 still reads: plant the error os.walk meets instead
+        if os.fspath(path) == os.fspath(submitted / "dee"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_scandir(path)
+    monkeypatch.setattr(os, "scandir", scandir)
+
+    answers, skipped, learners = grader.find_submissions(submitted)
+    assert sorted(learners) == ["ann", "bob", "cy", "dee", "loop", "submitted"], learners
+    assert sorted((a.learner, a.lab) for a in answers) == [("ann", LAB), ("submitted", LAB)]
+    assert learners["loop"] == grader.LINK and "it points to loop" in skipped["loop"]
+    assert skipped[f"bob/{lab}"].startswith(grader.LINK) and str(submitted / "ann" / lab) in skipped[f"bob/{lab}"]
+    assert "it points to 03_zero_lab.ipynb" in skipped["bob/03_zero_lab.ipynb"]
+    assert skipped["cy/lab06"].startswith(grader.LINK) and learners["cy"] == ""
+    assert "Permission denied" in skipped["dee"] and "could not be read" in learners["dee"]
+    # The course folder around submitted/ still works, and steps in.
+    assert grader.find_submissions(tmp_path).learners == learners
 
 
 @pytest.mark.slow

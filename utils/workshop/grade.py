@@ -104,42 +104,67 @@ class Submissions(NamedTuple):
 
 LINK = "a symlink: not followed"
 NOT_LEARNERS = {".ipynb_checkpoints"}  # Jupyter's own folder, beside a notebook opened in submitted/ itself
+SUBMITTED = "submitted"  # nbgrader's folder of submissions
+
+
+def _points_to(path):
+    """Where a symlink points, as written in it: ``os.readlink``, never ``resolve()`` (a loop raises there)."""
+    try:
+        return os.readlink(path)
+    except OSError as err:
+        return f"unreadable: {err.strerror}"
+
+
+def _linked(path):
+    return f"{LINK} (it points to {_points_to(path)}); nbgrader collects by copying: copy it in instead"
 
 
 def find_submissions(folder):
     """Every learner and lab notebook under ``folder`` (nbgrader's submitted/, or a course folder holding it).
 
-    A learner is every folder in it, whatever its name (``..x``, ``.hidden``, spaces, any script; ``iterdir`` never
-    lists ``.`` and ``..``), so an empty one is a row of "not submitted", not a learner gone missing. An entry that
-    is a symlink gets its row too, saying ``LINK``, and is not read: nbgrader collects by copying, so a link was made
-    by hand and may lead anywhere (another learner's folder, graded twice; the solutions; a home directory); copy
-    the folder in instead. A notebook that resolves outside ``folder``, a second copy of a lab (the first in path
+    A learner is every folder in it (``..x``, ``.hidden``, spaces, any script; ``iterdir`` never lists ``.`` and
+    ``..``) except Jupyter's ``.ipynb_checkpoints``, so an empty one is a row of "not submitted", not a learner gone
+    missing. ``folder`` is stepped into its ``submitted/`` only when its own name is not ``submitted``: given
+    nbgrader's ``submitted/`` itself, a learner named ``submitted`` is a learner. Nothing that is a symlink is
+    followed (a learner folder, a subfolder, a notebook): nbgrader collects by copying, so a link was made by hand
+    and may lead anywhere (another learner's notebook, graded as this one's; the solutions; a home directory; itself,
+    a loop). A linked learner gets a row saying ``LINK``; a learner folder that cannot be read gets a row saying
+    why. A linked subfolder or notebook, a folder that cannot be read, a second copy of a lab (the first in path
     order is graded) and a notebook that is not a lab are skipped, each with why. Returns ``Submissions``."""
     folder = Path(folder)
-    if (folder / "submitted").is_dir():
-        folder = folder / "submitted"
+    if folder.name != SUBMITTED and (folder / SUBMITTED).is_dir():
+        folder = folder / SUBMITTED
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no such folder; give the folder of submissions, one folder per learner "
                                 "(nbgrader's submitted/<learner>/<assignment>/<lab>.ipynb)")
-    inside = folder.resolve()
     answers, skipped, learners = [], {}, {}
     for learner in sorted(folder.iterdir()):
         if learner.is_symlink():  # checked first: is_dir() would follow it
-            if not learner.is_file():  # a link to a folder, or to nothing any more
+            if not learner.is_file():  # a link to a folder, to nothing any more, or a loop
                 learners[learner.name] = LINK
-                skipped[learner.name] = f"{LINK} (it points to {learner.resolve()}); copy the folder in instead"
+                skipped[learner.name] = _linked(learner)
             continue
         if not learner.is_dir() or learner.name in NOT_LEARNERS:
             continue
         learners[learner.name] = ""
-        for notebook in sorted(learner.rglob("*.ipynb")):
+        notebooks = []
+        for root, dirs, files in os.walk(learner, onerror=lambda err: skipped.setdefault(
+                str(Path(err.filename).relative_to(folder)), f"could not be read: {err.strerror}")):
+            here = Path(root)
+            depth = len(here.relative_to(learner).parts)  # learner/<lab>.ipynb or learner/<assignment>/<lab>.ipynb
+            for name in dirs + files:
+                path = here / name
+                if path.is_symlink() and name not in NOT_LEARNERS and (name in dirs and not depth or name.endswith(".ipynb")):
+                    skipped[str(path.relative_to(folder))] = _linked(path)
+                elif name in files and name.endswith(".ipynb"):
+                    notebooks.append(path)
+            dirs[:] = [] if depth else [d for d in dirs if d not in NOT_LEARNERS and not (here / d).is_symlink()]
+        if str(learner.relative_to(folder)) in skipped:  # os.walk could not list the learner's own folder
+            learners[learner.name] = f"its folder could not be read ({skipped[learner.name]})"
+        for notebook in sorted(notebooks):
             relative = notebook.relative_to(learner)
-            if ".ipynb_checkpoints" in relative.parts or len(relative.parts) > 2:
-                continue
             where = str(notebook.relative_to(folder))
-            if not notebook.resolve().is_relative_to(inside):
-                skipped[where] = f"a symlink out of {folder}: not followed"
-            elif notebook.stem not in LABS:
+            if notebook.stem not in LABS:
                 skipped[where] = "not a lab of the course"
             elif (learner.name, notebook.stem) in {(a.learner, a.lab) for a in answers}:
                 skipped[where] = "a second copy of the lab: the first in path order is graded"
