@@ -109,8 +109,8 @@ def test_finds_both_layouts_and_skips_other_notebooks(tmp_path):
 
 
 def test_every_learner_folder_is_a_row(tmp_path):
-    """Issue 37: an empty folder, or one named ``..x``, got no row. Every folder under submitted/ is a learner now,
-    whatever its name; a symlinked one has a row that says it was not followed (find_submissions says why), and a
+    """Issue 37: an empty folder, or one named ``..x``, got no row. Every folder under submitted/ but .ipynb_checkpoints
+    is a learner now, whatever its name; a symlinked one has a row that says it was not followed (find_submissions says why), and a
     notebook linked out of submitted/ is not read."""
     submitted, outside = tmp_path / "course" / "submitted", tmp_path / "elsewhere"
     lab = f"{LAB}.ipynb"
@@ -145,7 +145,7 @@ def test_every_learner_folder_is_a_row(tmp_path):
     assert "not followed" in skipped["ann/03_zero_lab.ipynb"] and "copy it in" in skipped["linked"]
 
     verdicts = [grader.Verdict(a.learner, a.lab, "only part", "pass") for a in answers]
-    csv_path, html_path = write_gradebook(answers, verdicts, tmp_path / "out", learners)
+    csv_path, html_path = write_gradebook(answers, verdicts, tmp_path / "out", learners, [LAB])
     import csv
     with open(csv_path, newline="", encoding="utf-8") as f:
         rows = {row[0]: row[1:] for row in csv.reader(f)}
@@ -209,6 +209,23 @@ def test_a_learner_named_submitted_and_links_inside_submitted(tmp_path, monkeypa
     assert grader.find_submissions(tmp_path).learners == learners
 
 
+def test_gradebook_columns_are_the_courses_labs(tmp_path):
+    """Review of issue 37: the columns came from the labs handed in, so a lab nobody handed in had no column and a
+    class that handed in nothing had rows without cells. The columns are the course's labs (or ``--labs``)."""
+    import csv
+    from utils.checkers.labs import LABS
+    answers = [grader.Answer("ann", LAB, tmp_path / f"{LAB}.ipynb", f"{LAB}.md")]
+    verdicts = [grader.Verdict("ann", LAB, "only part", "pass")]
+    with open(write_gradebook(answers, verdicts, tmp_path / "one", {"ann": "", "bo": ""})[0], newline="") as f:
+        rows = {row[0]: row[1:] for row in csv.reader(f)}
+    assert rows["learner"] == [*LABS, "labs passed"] and len(LABS) > 1
+    assert rows["ann"] == ["pass" if lab == LAB else "not submitted" for lab in LABS] + [f"1/{len(LABS)}"]
+    with open(write_gradebook([], [], tmp_path / "none", {"ann": "", "bo": ""}, ["02_ddp_lab", LAB])[0]) as f:
+        assert list(csv.reader(f)) == [["learner", "02_ddp_lab", LAB, "labs passed"],
+                                       ["ann", "not submitted", "not submitted", "0/2"],
+                                       ["bo", "not submitted", "not submitted", "0/2"]]
+
+
 @pytest.mark.slow
 def test_bad_submissions_are_verdicts_and_touch_nothing_outside(tmp_path):
     for learner, (source, _) in BAD.items():
@@ -235,7 +252,7 @@ def test_bad_submissions_are_verdicts_and_touch_nothing_outside(tmp_path):
     verdicts = ending + hung
     verdicts.append(grader.run_answer(zero[0], 0, world_size=2, timeout=timeout))  # make_buckets only
     seconds = time.perf_counter() - start
-    paths = write_gradebook(answers, verdicts, tmp_path / "out", learners)
+    paths = write_gradebook(answers, verdicts, tmp_path / "out", learners, ["03_zero_lab", LAB])
 
     assert _listing(ROOT) == before, "an answer changed a file of the repository"
     assert not home_file.exists(), "an answer wrote to the grader's HOME"

@@ -4,7 +4,9 @@
 
 SUBMISSIONS holds one folder per learner, as nbgrader collects them: ``<learner>/<assignment>/<lab>.ipynb``
 (nbgrader's ``submitted/`` folder; a course folder that contains ``submitted/`` works too), or
-``<learner>/<lab>.ipynb``. Every folder in it is a learner with a row, an empty one too (``find_submissions``). A
+``<learner>/<lab>.ipynb``. Every folder in it but ``.ipynb_checkpoints`` is a learner with a row, an empty one too, one
+named ``submitted`` too when ``submitted/`` itself is given; nothing that is a symlink is followed
+(``find_submissions``). A
 lab is a notebook of ``labs/`` (``utils.checkers.labs.LABS``); other notebooks are listed and skipped. OUT receives
 ``gradebook.csv``, ``gradebook.html``, ``results.json`` and
 ``feedback/<learner>/[<assignment>/]<lab>.md`` (``utils.workshop.gradebook``).
@@ -338,7 +340,7 @@ def main(argv=None):
         print(f"skipped {path}: {why}")
     start = time.perf_counter()
     verdicts = grade(answers, args.world_size, args.smoke, args.workers, args.timeout)
-    paths = write_gradebook(answers, verdicts, args.out, learners)
+    paths = write_gradebook(answers, verdicts, args.out, learners, args.labs)
     print(f"graded {len(verdicts)} answers in {time.perf_counter() - start:.0f} s: {', '.join(map(str, paths))}")
 
 

@@ -1,9 +1,10 @@
 """The grader's output: a gradebook (learner x lab) as CSV and HTML, every verdict as JSON, and each learner's feedback.
 
-``write_gradebook(answers, verdicts, out, learners)`` takes what ``utils.workshop.grade`` found and decided and writes
+``write_gradebook(answers, verdicts, out, learners, labs)`` takes what ``utils.workshop.grade`` found and decided and
+writes
 
 - ``gradebook.csv``: one row per learner (every one ``find_submissions`` found, an empty folder too), one column per
-  lab, then how many labs passed; a cell says ``pass``, or for each part not passed ``part: what`` (the checker's name
+  lab of the course (``utils.checkers.labs.LABS``, or the labs graded: ``--labs``), handed in by anyone or not, then how many labs passed; a cell says ``pass``, or for each part not passed ``part: what`` (the checker's name
   for the mistake, ``not written yet``, ``timeout``, ``crash``, ``does not parse`` ...); ``not submitted`` when the
   learner handed in no such notebook (or why their folder was not read: a symlink);
 - ``gradebook.html``: the same table, coloured, each cell linked to its feedback (the link percent-encoded: a
@@ -20,6 +21,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import quote
+
+from utils.checkers.labs import LABS
 
 __all__ = ["cell", "write_gradebook"]
 
@@ -55,15 +58,17 @@ def _feedback(answer, verdicts):
     return "\n".join(lines)
 
 
-def write_gradebook(answers, verdicts, out, learners):
+def write_gradebook(answers, verdicts, out, learners, labs=None):
     """Write the gradebook and the feedback files under ``out``; returns the gradebook's paths. ``learners``:
     ``find_submissions``'s, every learner -> "" or what their cells say instead of "not submitted" (a learner
-    with no answer has a row only through it, so it is not optional)."""
+    with no answer has a row only through it, so it is not optional). ``labs``: the columns, in order (default:
+    every lab of the course), so a lab nobody handed in is a column of "not submitted"."""
     out = Path(out)
     (out / "feedback").mkdir(parents=True, exist_ok=True)
     missing = dict(learners)
     learners = sorted(set(missing) | {a.learner for a in answers})
-    labs = sorted({a.lab for a in answers})
+    labs = list(LABS if labs is None else labs)
+    labs += sorted({a.lab for a in answers} - set(labs))  # an answer is never dropped from the gradebook
     by_answer = {}
     for v in verdicts:
         by_answer.setdefault((v.learner, v.lab), []).append(v)
