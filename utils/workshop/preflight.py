@@ -11,12 +11,16 @@ tests/test_workshop_preflight.py fakes them the way tests/test_hardware_branches
 Memory per learner is measured, not guessed: the largest peak among the notebooks of the schedule
 (TEACHING.md's; ``all`` for every lesson and lab), as ``make course`` measured it and stored it in
 utils/course/run_minutes.json (``teaching_guide.measured_peak``: the resident memory of papermill, the kernel and
-its ranks summed every 0.5 s at full parameters, shared libraries counted in every process: an upper bound; the
-same figures as TEACHING.md's memory column). A learner runs one notebook at a time, so the largest, not the sum.
-Headroom on top: one idle kernel with its rank server, measured here (this process, a kernel's worth of torch,
-and the launcher's server), because JupyterLab keeps a notebook's kernel running when its tab is closed (its
-``kernelShutdown`` setting is false by default) and the hub culls no idle kernel, so the lesson before is
-usually still there. A notebook of the schedule with no measured peak is named, and warned about.
+its ranks summed, sampled every 0.5 s at full parameters, so a spike shorter than that may be missed; shared pages
+are counted in every process, so the sum is an upper bound on them; the same figures as TEACHING.md's memory
+column). A learner runs one notebook at a time, so the largest, not the sum. Headroom on top: at least one idle
+kernel with its rank server, measured here in a fresh process after importing the heavy libraries a lesson imports
+(``server_handle.HEAVY_MODULES``, those installed), which the lesson's rank server imports too. At least, because
+JupyterLab keeps a notebook's kernel running when its tab is closed (its ``kernelShutdown`` setting is false by
+default) and the hub culls no idle kernel: every earlier lesson's kernel is still there unless the learner shut it
+down. A notebook of the schedule with no measured peak is named, and warned about; one whose optional requirements
+(``metadata.course.requires``: notebooks 13a and 13b need TensorFlow, ``make frameworks``) are not installed here
+cannot run here, so it is left out of the ask, with a note saying so.
 """
 
 from __future__ import annotations
@@ -38,8 +42,9 @@ import torch.distributed as dist
 
 from ..hardware import usable_cores
 from ..launch import RankError, run_ranks
-from ..launch.server_handle import rank_server
+from ..launch.server_handle import HEAVY_MODULES, rank_server
 from ..course import minutes, teaching_guide
+from ..course.notebook_runner import missing_requirements
 from ..torch_versions import SUPPORTED, is_supported
 from .seats import deal_seats
 
@@ -107,35 +112,78 @@ def check_cores(learners, cores=None) -> Check:
     return Check("cores", "ok", detail)
 
 
-def check_memory(learners, schedule, idle, available=None, data=None) -> Check:
+SHUT_DOWN = ("ask learners to shut each lesson's kernel down before opening the next (Kernel > Shut Down Kernel): "
+             "closing its tab leaves it running, and every kernel left running adds its share")
+
+
+def check_memory(learners, schedule, idle, available=None, data=None, missing=None) -> Check:
     """Memory for ``learners`` working through ``schedule`` (see the module's docstring): each the largest measured
-    peak of its notebooks (``data``: run_minutes.json's content) plus ``idle``, a kernel left running."""
+    peak of its notebooks (``data``: run_minutes.json's content) plus ``idle``, at least one kernel left running.
+    ``missing(stem)``: the notebook's optional requirements not installed here (default: ``missing_requirements``)."""
     available = psutil.virtual_memory().available if available is None else available
     data = minutes.load_data() if data is None else data
-    peaks = {stem: teaching_guide.measured_peak(stem, data) for stem in teaching_guide.schedule_stems(schedule)}
+    missing = missing or (lambda stem: missing_requirements(teaching_guide.stem_path(stem)))
+    stems = teaching_guide.schedule_stems(schedule)
+    cannot = {stem: needs for stem in stems if (needs := missing(stem))}
+    left_out = ("; left out, their requirements not installed here: " +
+                ", ".join(f"{stem} (needs {', '.join(needs)})" for stem, needs in cannot.items()) +
+                " (make frameworks installs TensorFlow; then measure them)") if cannot else ""
+    peaks = {stem: teaching_guide.measured_peak(stem, data) for stem in stems if stem not in cannot}
     unmeasured = [stem for stem, peak in peaks.items() if not peak]
     remeasure = "make course, then python -m utils.course.minutes --measured build/course --memory-only"
     if len(unmeasured) == len(peaks):
-        return Check("memory", "warn", f"no notebook of schedule {schedule} has a measured peak", remeasure)
+        return Check("memory", "warn", f"no notebook of schedule {schedule} has a measured peak" + left_out, remeasure)
     top = max(peaks, key=lambda stem: peaks[stem] or 0)
     peak = peaks[top]
     need = learners * (peak + idle)
     detail = (f"{available / GIB:.1f} GiB available; schedule {schedule}: its largest measured peak, {top}, "
-              f"{peak / GIB:.2f} GiB + a kernel left running {idle / GIB:.2f} GiB (measured here) "
-              f"= {need / GIB:.1f} GiB for {learners} learner(s)")
+              f"{peak / GIB:.2f} GiB + at least one kernel left running, with its rank server, {idle / GIB:.2f} GiB "
+              f"(measured here) = {need / GIB:.1f} GiB for {learners} learner(s)")
     unmeasured = f"; not measured: {', '.join(unmeasured)}" if unmeasured else ""
     if available < learners * peak:
         most = int(available // peak)
-        return Check("memory", "fail", detail + f": {top} at once for every learner does not fit" + unmeasured,
-                     f"at most {most} learner(s) here, a schedule of smaller notebooks, or more memory" if most else
-                     f"more memory: one learner running {top} needs {(peak + idle) / GIB:.1f} GiB")
-    detail += unmeasured
+        return Check("memory", "fail", detail + f": {top} at once for every learner does not fit" + unmeasured +
+                     left_out, f"at most {most} learner(s) here, a schedule of smaller notebooks, or more memory"
+                     if most else f"more memory: one learner running {top} needs {(peak + idle) / GIB:.1f} GiB")
+    detail += unmeasured + left_out
     if available < need:
-        return Check("memory", "warn", detail, "ask learners to shut each lesson's kernel down before opening the "
-                     "next (Kernel > Shut Down Kernel): closing its tab leaves it running")
+        return Check("memory", "warn", detail, SHUT_DOWN)
     if unmeasured:
         return Check("memory", "warn", detail, f"measure them: {remeasure}")
-    return Check("memory", "ok", detail)
+    return Check("memory", "ok", f"{detail}; still, {SHUT_DOWN}")
+
+
+IDLE_KERNEL = """
+import importlib, json, os, psutil, torch
+from utils.launch import run_ranks
+from utils.launch.server_handle import HEAVY_MODULES, rank_server
+imported = []
+for name in HEAVY_MODULES:
+    try:
+        importlib.import_module(name)
+        imported.append(name)
+    except ImportError:
+        pass
+run_ranks(os.getpid, world_size=1, process_group=False, timeout=120, verbose=False)
+server = rank_server()
+server.mirror_imports()
+print(json.dumps([psutil.Process().memory_info().rss + psutil.Process(server.proc.pid).memory_info().rss, imported]))
+"""
+
+
+def measure_idle_kernel(timeout=300):
+    """(resident bytes, modules imported) of an idle lesson kernel and its rank server: a fresh process that imports
+    torch and the installed ``HEAVY_MODULES`` (as a lesson does; its rank server mirrors them), then starts its rank
+    server and forks a rank. None where that fails (the rank server check says why)."""
+    import json
+    import subprocess
+    try:
+        done = subprocess.run([sys.executable, "-c", IDLE_KERNEL], cwd=ROOT, capture_output=True, text=True,
+                              timeout=timeout)
+        rss, imported = json.loads(done.stdout.strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, ValueError, IndexError, OSError):
+        return None
+    return rss, imported
 
 
 def check_disk(learners, path=ROOT, free=None) -> Check:
@@ -286,7 +334,10 @@ def run_preflight(learners=1, schedule="all") -> list[Check]:
     checks = [check_python(), check_torch(), check_gloo(), check_ports()]
     server, server_rss = check_rank_server()
     checks += [server, check_all_reduce(), check_cores(learners)]
-    if server_rss:  # an idle kernel: this process (torch imported, no CUDA yet: the GPU checks come after) + its server
+    idle = measure_idle_kernel() if server_rss else None
+    if idle:  # a lesson's idle kernel and its server, the heavy libraries imported in both
+        checks.append(check_memory(learners, schedule, idle[0]))
+    elif server_rss:  # the fresh kernel failed: this process (torch, no CUDA yet) + its server, a lower bound
         checks.append(check_memory(learners, schedule, psutil.Process().memory_info().rss + server_rss))
     checks.append(check_disk(learners))
     gpus = torch.cuda.device_count()
