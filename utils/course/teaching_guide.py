@@ -204,7 +204,8 @@ def schedule_stems(name):
 def measured_peak(stem, data):
     """The notebook's peak resident memory in bytes as ``make course`` measured it (``peak_memory_mb`` in
     utils/course/run_minutes.json: notebook_runner.PeakMemory's largest sum over papermill, the kernel and its ranks,
-    sampled every 0.5 s at full parameters), or None where it was not measured."""
+    sampled every 0.5 s at full parameters, so a shorter spike may be missed; shared pages counted in every
+    process, an upper bound on them), or None where it was not measured."""
     mib = data["notebooks"].get(minutes.key(stem_path(stem)), {}).get("peak_memory_mb")
     return mib * 2**20 if mib else None
 
@@ -227,7 +228,7 @@ def row(path, data):
     return {
         "key": minutes.key(path), "minutes": course.get("minutes"), "parts": parts, "world_size": n,
         "world_sizes": course.get("world_sizes") or "1-8", "cores": n and f"{math.ceil(n / 2)}-{n}",
-        "memory": f"{peak / 2**30:.1f} GB" if peak else "not measured", "seconds": entry.get("seconds"),
+        "memory": f"{peak / 2**30:.1f} GiB" if peak else "not measured", "seconds": entry.get("seconds"),
     }
 
 
@@ -302,7 +303,8 @@ def render():
              "shared 2-core machine, an upper bound for a laptop. Ranks: the notebook's default `WORLD_SIZE` "
              "(and the sizes it accepts). Cores: a rank a core runs at full speed; the launcher accepts up to two "
              "ranks a core. Memory: the peak resident memory of the notebook's kernel and ranks together at full "
-             "parameters (shared libraries counted once per process: an upper bound).", "",
+             "parameters, sampled every 0.5 s (a shorter spike may be missed; shared libraries counted once per "
+             "process: an upper bound on those).", "",
              "| notebook | minutes (read / code / run / exercises) | ranks (accepted) | cores | memory |",
              "| --- | --- | --- | --- | --- |"]
     for p in paths:
@@ -329,9 +331,9 @@ def render():
         lines += [f"### {title[0].upper()}{title[1:]}", ""]
         peaks = {s: measured_peak(s, data) or 0 for s in schedule_stems(schedule_name(title))}
         top = max(peaks, key=peaks.get)
-        lines += [f"Memory: its largest notebook, {top}, peaks at {peaks[top] / 2**30:.1f} GB; "
+        lines += [f"Memory: its largest notebook, {top}, peaks at {peaks[top] / 2**30:.1f} GiB; "
                   f"`make preflight USERS=N SCHEDULE={schedule_name(title)}` asks that of the box for each learner, "
-                  "plus a kernel left running.", ""]
+                  "plus at least one kernel left running (with its rank server).", ""]
         for i, day in enumerate(days):
             slots, need, capacity = lay_out(day, rows)
             lines += [f"Day {i + 1} ({need} of {capacity} minutes):", "",
