@@ -240,6 +240,8 @@ endef
 export TEACHER_PINS
 TEACHER_STAMP := $(VENV)/.teacher-stamp
 USERS ?= 4
+# TEACHING.md's schedule, whose notebooks make preflight asks memory for: all, one-day or two-days
+SCHEDULE ?= all
 HUB_PORT ?= 8000
 HUB_ARGS ?=
 SLURM_ARGS ?= --learners alice,bob --account dl-course --start 2026-12-01T09:00:00
@@ -259,8 +261,8 @@ hub: teacher  ## JupyterHub serving the course to USERS=N learners (learner1..N)
 test-hub: teacher  ## a real hub with 4 learners running 2-rank launches at once, the seats, the Slurm recipe (slow)
 	$(BIN)/python -m pytest -n 0 -v -rs tests/test_workshop_hub.py tests/test_workshop_slurm.py $(PYTEST_ARGS)
 
-preflight: setup  ## check this box before a workshop for USERS learners: a verdict, with the fix for each failure
-	$(BIN)/python -m utils.workshop.preflight --learners $(USERS)
+preflight: setup  ## check this box before a workshop for USERS learners following SCHEDULE: a verdict, with the fix for each failure
+	$(BIN)/python -m utils.workshop.preflight --learners $(USERS) --schedule $(SCHEDULE)
 
 slurm-recipe: setup  ## the Slurm recipe (reservation, one JupyterLab job per learner, SSH tunnel); SLURM_ARGS
 	$(BIN)/python -m utils.workshop.slurm $(SLURM_ARGS)

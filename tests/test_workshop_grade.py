@@ -99,13 +99,131 @@ def test_finds_both_layouts_and_skips_other_notebooks(tmp_path):
                  "submitted/ann/lab06/scratch.ipynb", "submitted/ann/.ipynb_checkpoints/03_zero_lab-checkpoint.ipynb"):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text("{}")
-    answers, skipped = grader.find_submissions(tmp_path)  # the course folder: its submitted/ is used
+    answers, skipped, learners = grader.find_submissions(tmp_path)  # the course folder: its submitted/ is used
     assert [(a.learner, a.lab, a.feedback) for a in answers] == [
         ("ann", "03_zero_lab", "03_zero_lab.md"), ("ann", "06_pipeline_lab", "lab06/06_pipeline_lab.md")]
-    assert skipped == ["ann/lab06/scratch.ipynb"]
+    assert skipped == {"ann/lab06/scratch.ipynb": "not a lab of the course"} and learners == {"ann": ""}
     plenty = 64 * 2**30
     assert grader.default_workers(4, cores=2, memory=plenty) == 2 and grader.default_workers(4, 16, plenty) == 16
     assert grader.default_workers(4, 16, memory=8 * 2**30) == 4 and grader.default_workers(4, 16, memory=0) == 1
+
+
+def test_every_learner_folder_is_a_row(tmp_path):
+    """Issue 37: an empty folder, or one named ``..x``, got no row. Every folder under submitted/ but .ipynb_checkpoints
+    is a learner now, whatever its name; a symlinked one has a row that says it was not followed (find_submissions says why), and a
+    notebook linked out of submitted/ is not read."""
+    submitted, outside = tmp_path / "course" / "submitted", tmp_path / "elsewhere"
+    lab = f"{LAB}.ipynb"
+    with_lab = ["..x", "a learner", "Zoë 李", "ann"]  # each hands in lab 06
+    for name in with_lab:
+        (submitted / name / "lab06").mkdir(parents=True)
+        (submitted / name / "lab06" / lab).write_text("{}")
+    (submitted / "empty").mkdir()
+    (submitted / ".hidden").mkdir()
+    (submitted / ".hidden" / "notes.ipynb").write_text("{}")  # a notebook, but no lab
+    (submitted / ".ipynb_checkpoints").mkdir()  # Jupyter's, no learner
+    (submitted / "README.txt").write_text("a file, no learner")
+    (outside / "bob").mkdir(parents=True)
+    (outside / "bob" / lab).write_text("{}")
+    (outside / "03_zero_lab.ipynb").write_text("{}")
+    (submitted / "linked").symlink_to(outside / "bob", target_is_directory=True)
+    try:  # a name that is not UTF-8 (Linux allows any bytes; macOS refuses them)
+        os.mkdir(os.fsencode(submitted) + b"/caf\xe9")
+        with_lab.append(os.fsdecode(b"caf\xe9"))
+        (submitted / with_lab[-1] / lab).write_text("{}")
+        (submitted / with_lab[-1] / "notes.ipynb").write_text("{}")  # skipped, so the command line prints its name
+    except OSError:
+        pass
+    (submitted / "ann" / "03_zero_lab.ipynb").symlink_to(outside / "03_zero_lab.ipynb")
+
+    answers, skipped, learners = grader.find_submissions(submitted.parent)
+    assert sorted(learners) == sorted(with_lab + ["empty", ".hidden", "linked"])
+    assert learners["linked"] == grader.LINK and all(learners[n] == "" for n in learners if n != "linked")
+    assert sorted(a.learner for a in answers) == sorted(with_lab) and {a.lab for a in answers} == {LAB}
+    assert all(a.notebook.is_relative_to(submitted.resolve()) for a in answers), "an answer read from outside"
+    assert skipped[".hidden/notes.ipynb"] == "not a lab of the course"
+    assert "not followed" in skipped["ann/03_zero_lab.ipynb"] and "copy it in" in skipped["linked"]
+
+    verdicts = [grader.Verdict(a.learner, a.lab, "only part", "pass") for a in answers]
+    csv_path, html_path = write_gradebook(answers, verdicts, tmp_path / "out", learners, [LAB])
+    import csv
+    with open(csv_path, newline="", encoding="utf-8") as f:
+        rows = {row[0]: row[1:] for row in csv.reader(f)}
+    shown = lambda name: name.encode("utf-8", "backslashreplace").decode()  # noqa: E731 -- non-UTF-8 bytes as \udcXX
+    assert rows.pop("learner") == [LAB, "labs passed"]
+    assert sorted(rows) == sorted(map(shown, learners)), "a learner without a row, or a row without a learner"
+    assert all(rows[shown(name)] == ["pass", "1/1"] for name in with_lab)
+    assert rows["empty"] == rows[".hidden"] == ["not submitted", "0/1"]
+    assert rows["linked"] == [grader.LINK, "0/1"]
+    import re
+    from urllib.parse import unquote_to_bytes
+    links = re.findall(r'<a href="([^"]+)">', html_path.read_text(encoding="utf-8"))
+    assert len(links) == len(with_lab), links
+    assert all(os.path.isfile(os.fsencode(html_path.parent) + b"/" + unquote_to_bytes(href)) for href in links), links
+    assert "a%20learner/lab06/" in html_path.read_text(encoding="utf-8"), "a space in a link, not encoded"
+
+    # The command line prints every name, on a terminal that refuses what is not UTF-8 too (no lab graded here).
+    import subprocess
+    command = [sys.executable, "-m", "utils.workshop.grade", str(submitted), str(tmp_path / "cli"), "--labs", "03_zero_lab"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, env=dict(os.environ, PYTHONIOENCODING="utf-8:strict"))
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    with open(tmp_path / "cli" / "gradebook.csv", newline="", encoding="utf-8") as f:
+        assert sorted(row[0] for row in csv.reader(f)) == sorted(["learner", *map(shown, learners)])
+
+
+def test_a_learner_named_submitted_and_links_inside_submitted(tmp_path, monkeypatch):
+    """Review of issue 37: given submitted/ itself, a learner named ``submitted`` made it step in and lose every other
+    row; a symlink loop crashed the run (``resolve()`` raises RuntimeError); a notebook linked to another learner's
+    was graded as the first learner's; a linked subfolder inside a learner was silently ignored; an unreadable
+    learner folder read as not submitted."""
+    submitted = tmp_path / "submitted"
+    lab = f"{LAB}.ipynb"
+    for name in ("ann", "submitted", "bob", "cy", "dee"):
+        (submitted / name).mkdir(parents=True)
+    (submitted / "ann" / lab).write_text("{}")
+    (submitted / "submitted" / lab).write_text("{}")
+    (submitted / "loop").symlink_to("loop")  # a learner that is a symlink loop
+    (submitted / "bob" / lab).symlink_to(submitted / "ann" / lab)  # bob's notebook is ann's file
+    (submitted / "bob" / "03_zero_lab.ipynb").symlink_to("03_zero_lab.ipynb")  # a notebook linked to itself
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / lab).write_text("{}")
+    (submitted / "cy" / "lab06").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (submitted / "dee" / lab).write_text("{}")
+    real_scandir = os.scandir
+
+    def scandir(path="."):  # as root, chmod 000 still reads: plant the error os.walk meets instead
+        if os.fspath(path) == os.fspath(submitted / "dee"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_scandir(path)
+    monkeypatch.setattr(os, "scandir", scandir)
+
+    answers, skipped, learners = grader.find_submissions(submitted)
+    assert sorted(learners) == ["ann", "bob", "cy", "dee", "loop", "submitted"], learners
+    assert sorted((a.learner, a.lab) for a in answers) == [("ann", LAB), ("submitted", LAB)]
+    assert learners["loop"] == grader.LINK and "it points to loop" in skipped["loop"]
+    assert skipped[f"bob/{lab}"].startswith(grader.LINK) and str(submitted / "ann" / lab) in skipped[f"bob/{lab}"]
+    assert "it points to 03_zero_lab.ipynb" in skipped["bob/03_zero_lab.ipynb"]
+    assert skipped["cy/lab06"].startswith(grader.LINK) and learners["cy"] == ""
+    assert "Permission denied" in skipped["dee"] and "could not be read" in learners["dee"]
+    # The course folder around submitted/ still works, and steps in.
+    assert grader.find_submissions(tmp_path).learners == learners
+
+
+def test_gradebook_columns_are_the_courses_labs(tmp_path):
+    """Review of issue 37: the columns came from the labs handed in, so a lab nobody handed in had no column and a
+    class that handed in nothing had rows without cells. The columns are the course's labs (or ``--labs``)."""
+    import csv
+    from utils.checkers.labs import LABS
+    answers = [grader.Answer("ann", LAB, tmp_path / f"{LAB}.ipynb", f"{LAB}.md")]
+    verdicts = [grader.Verdict("ann", LAB, "only part", "pass")]
+    with open(write_gradebook(answers, verdicts, tmp_path / "one", {"ann": "", "bo": ""})[0], newline="") as f:
+        rows = {row[0]: row[1:] for row in csv.reader(f)}
+    assert rows["learner"] == [*LABS, "labs passed"] and len(LABS) > 1
+    assert rows["ann"] == ["pass" if lab == LAB else "not submitted" for lab in LABS] + [f"1/{len(LABS)}"]
+    with open(write_gradebook([], [], tmp_path / "none", {"ann": "", "bo": ""}, ["02_ddp_lab", LAB])[0]) as f:
+        assert list(csv.reader(f)) == [["learner", "02_ddp_lab", LAB, "labs passed"],
+                                       ["ann", "not submitted", "not submitted", "0/2"],
+                                       ["bo", "not submitted", "not submitted", "0/2"]]
 
 
 @pytest.mark.slow
@@ -115,7 +233,7 @@ def test_bad_submissions_are_verdicts_and_touch_nothing_outside(tmp_path):
     flat = tmp_path / "submitted" / "zed" / "03_zero_lab.ipynb"  # the flat layout, a lab of two parts
     flat.parent.mkdir()
     nbformat.write(notebook_with("03_zero_lab", {"make_buckets": reference_source("03_zero_lab")}), str(flat))
-    answers, _ = grader.find_submissions(tmp_path / "submitted")
+    answers, _, learners = grader.find_submissions(tmp_path / "submitted")
     home_file = Path.home() / "planted-by-grade-test"
     assert not home_file.exists()
     before = _listing(ROOT)
@@ -134,7 +252,7 @@ def test_bad_submissions_are_verdicts_and_touch_nothing_outside(tmp_path):
     verdicts = ending + hung
     verdicts.append(grader.run_answer(zero[0], 0, world_size=2, timeout=timeout))  # make_buckets only
     seconds = time.perf_counter() - start
-    paths = write_gradebook(answers, verdicts, tmp_path / "out")
+    paths = write_gradebook(answers, verdicts, tmp_path / "out", learners, ["03_zero_lab", LAB])
 
     assert _listing(ROOT) == before, "an answer changed a file of the repository"
     assert not home_file.exists(), "an answer wrote to the grader's HOME"

@@ -1,6 +1,7 @@
 """``make preflight`` (utils/workshop/preflight.py): the CPU path for real, the GPU branches with faked hardware
 (as tests/test_hardware_branches.py fakes DeepSpeed's answers), and each threshold on both sides."""
 
+import copy
 import re
 
 import pytest
@@ -8,6 +9,7 @@ import torch
 
 import utils.workshop.preflight as pf
 import utils.workshop.seats as seats
+from utils.course import minutes, teaching_guide
 
 GIB = 2**30
 
@@ -57,12 +59,82 @@ def test_cores_per_learner(cores, learners, status):
     assert pf.check_cores(learners, cores).status == status
 
 
-def test_memory_and_disk_thresholds():
-    floor = GIB  # a learner's measured launcher floor
-    assert pf.check_memory(4, floor, available=9 * GIB).status == "ok"  # 4 x 1 GiB x 2 = 8 GiB wanted
-    assert pf.check_memory(4, floor, available=5 * GIB).status == "warn"
-    too_little = pf.check_memory(4, floor, available=3 * GIB)
-    assert too_little.status == "fail" and "at most 3" in too_little.fix
+def _asked(check):
+    """The GiB a memory check asks for, as its line says it."""
+    return float(re.search(r"= ([0-9.]+) GiB for", check.detail).group(1))
+
+
+def test_memory_is_asked_from_the_schedules_measured_peaks():
+    """Issue 37: preflight asked 2.1 GiB a learner while notebooks peak at up to 5.8 GB. Now it asks, per learner,
+    the largest peak stored in utils/course/run_minutes.json among the schedule's notebooks, plus an idle kernel."""
+    data = minutes.load_data()
+    idle = GIB // 2
+    installed = lambda stem: []  # noqa: E731 -- every optional requirement met (TensorFlow here)
+    # Written out, not taken from schedule_stems: TEACHING.md's one-day schedule, its lessons and evening labs.
+    one_day = ["00_start_here", "01a_point_to_point_and_collectives", "02a_ddp_from_scratch", "03_zero_from_scratch",
+               "04a_fsdp2_zero_redundancy", "02_ddp_lab", "03_zero_lab"]
+    peaks = {s: teaching_guide.measured_peak(s, data) for s in one_day}
+    assert all(peaks.values()), peaks
+    top = max(peaks, key=peaks.get)
+    check = pf.check_memory(4, "one-day", idle, available=10_000 * GIB, data=data, missing=installed)
+    assert check.status == "ok" and f"{top}, {peaks[top] / GIB:.2f} GiB" in check.detail, check.line()
+    assert _asked(check) == round(4 * (peaks[top] + idle) / GIB, 1) and "Shut Down Kernel" in check.detail
+    for schedule in pf.SCHEDULES:
+        stems = teaching_guide.schedule_stems(schedule)
+        peaks = {s: teaching_guide.measured_peak(s, data) for s in stems if teaching_guide.measured_peak(s, data)}
+        top = max(peaks, key=peaks.get)
+        check = pf.check_memory(4, schedule, idle, available=10_000 * GIB, data=data, missing=installed)
+        assert top in check.detail and _asked(check) == round(4 * (peaks[top] + idle) / GIB, 1), check.line()
+        assert check.status == ("ok" if len(peaks) == len(stems) else "warn"), check.line()
+    everything = pf.check_memory(1, "all", idle, available=10_000 * GIB, data=data, missing=installed)
+    assert "10_torchrun_and_slurm" in everything.detail and _asked(everything) > 5.8, everything.line()
+    # Review of issue 37: "all" always warned, notebook 13 being unmeasured for want of TensorFlow. Where its
+    # requirements are not installed it cannot run here: it is left out of the ask, with a note, not a warning.
+    no_tf = lambda stem: ["tensorflow"] if stem.startswith("13") else []  # noqa: E731
+    assert everything.status == "warn" and "not measured: 13a_frameworks_one_process" in everything.detail
+    without = pf.check_memory(1, "all", idle, available=10_000 * GIB, data=data, missing=no_tf)
+    assert without.status == "ok" and "not measured" not in without.detail, without.line()
+    assert "left out, their requirements not installed here: 13a_frameworks_one_process (needs tensorflow)" \
+        in without.detail and "make frameworks" in without.detail and _asked(without) == _asked(everything)
+
+    # Changing a stored peak changes what preflight asks: lab 02 (in the one-day schedule) made the largest.
+    changed = copy.deepcopy(data)
+    lab = changed["notebooks"]["labs/02_ddp_lab.ipynb"]
+    before = pf.check_memory(4, "one-day", idle, available=10_000 * GIB, data=data)
+    lab["peak_memory_mb"] = 9 * 1024
+    after = pf.check_memory(4, "one-day", idle, available=10_000 * GIB, data=changed)
+    assert "02_ddp_lab, 9.00 GiB" in after.detail and _asked(after) == 4 * 9.5 != _asked(before), after.line()
+    # ... and where the line between enough and not lies: 4 x 9 GiB of peaks, 4 x 9.5 with the idle kernels
+    assert pf.check_memory(4, "one-day", idle, available=38 * GIB, data=changed).status == "ok"
+    warn = pf.check_memory(4, "one-day", idle, available=37 * GIB, data=changed)
+    assert warn.status == "warn" and "Shut Down Kernel" in warn.fix
+    fail = pf.check_memory(4, "one-day", idle, available=35 * GIB, data=changed)
+    assert fail.status == "fail" and "at most 3 learner(s)" in fail.fix
+    assert "needs 9.5 GiB" in pf.check_memory(4, "one-day", idle, available=8 * GIB, data=changed).fix
+    del lab["peak_memory_mb"]  # a notebook not measured is named, and warned about
+    unmeasured = pf.check_memory(4, "one-day", idle, available=10_000 * GIB, data=changed)
+    assert unmeasured.status == "warn" and "not measured: 02_ddp_lab" in unmeasured.detail, unmeasured.line()
+    with pytest.raises(KeyError, match="the schedules are all, one-day, two-days"):
+        pf.check_memory(4, "one-week", idle, data=data)
+
+
+def test_idle_kernel_is_measured_with_the_heavy_libraries():
+    """Review of issue 37: a lesson's rank server mirrors the notebook's heavy imports (server_handle.HEAVY_MODULES),
+    so an idle lesson kernel holds them twice; the headroom is measured after importing them, in kernel and server."""
+    import importlib.util
+    import subprocess
+    import sys
+    from utils.launch.server_handle import HEAVY_MODULES
+    rss, imported = pf.measure_idle_kernel()
+    installed = [m for m in HEAVY_MODULES if importlib.util.find_spec(m.split(".")[0])]
+    assert imported == installed and "lightning" in imported, imported
+    torch_only = int(subprocess.run([sys.executable, "-c", "import psutil, torch; print(psutil.Process().memory_info()"
+                                     ".rss)"], capture_output=True, text=True, check=True).stdout)
+    assert rss > 2 * torch_only, (rss, torch_only)  # kernel and server, each more than a process with torch alone
+    print(f"idle kernel + server: {rss / 2**20:.0f} MiB; torch alone: {torch_only / 2**20:.0f} MiB")
+
+
+def test_disk_thresholds():
     assert pf.check_disk(4, free=100 * GIB).status == "ok"
     assert pf.check_disk(4, free=1 * GIB).status == "fail"
 
@@ -140,7 +212,8 @@ def test_one_gpu_means_no_pairs(monkeypatch):
     monkeypatch.setattr(pf, "_probe_gpu", lambda i: ("a GPU", 16 * GIB, 0, True))
     monkeypatch.setattr(pf, "_pair_all_reduce", lambda i, j: pytest.fail("no pair on a 1-GPU box"))
     monkeypatch.setattr(pf, "check_rank_server", lambda: (pf.Check("rank server", "ok", "faked"), GIB // 4))
-    monkeypatch.setattr(pf, "check_all_reduce", lambda: (pf.Check("2-rank all-reduce", "ok", "faked"), GIB // 4))
+    monkeypatch.setattr(pf, "check_all_reduce", lambda: pf.Check("2-rank all-reduce", "ok", "faked"))
+    monkeypatch.setattr(pf, "measure_idle_kernel", lambda: None)  # the fallback: this process and its server
     checks = {c.name: c for c in pf.run_preflight(learners=2)}
     assert "GPU 0" in checks and not any(name.startswith("NCCL") for name in checks)
     assert checks["GPU seats"].status == "warn" and "share GPUs" in checks["GPU seats"].fix

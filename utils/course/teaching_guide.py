@@ -186,6 +186,31 @@ def stem_path(stem):
                    "(renamed? update utils/course/teaching_guide.py)")
 
 
+def schedule_name(title):
+    """A schedule's short name (``make preflight SCHEDULE=...``): its title before the colon, "one-day"."""
+    return title.split(":")[0].replace(" ", "-")
+
+
+def schedule_stems(name):
+    """The notebooks schedule ``name`` uses: its days' lessons and their evenings' labs; "all": every one."""
+    if name == "all":
+        return [p.stem for p in minutes.notebooks()]
+    for title, days in SCHEDULES.items():
+        if schedule_name(title) == name:
+            return [stem for i, day in enumerate(days) for stem in day + HOMEWORK.get(i, [])]
+    raise KeyError(f"no schedule {name!r}; the schedules are all, "
+                   f"{', '.join(schedule_name(t) for t in SCHEDULES)} (utils/course/teaching_guide.py)")
+
+
+def measured_peak(stem, data):
+    """The notebook's peak resident memory in bytes as ``make course`` measured it (``peak_memory_mb`` in
+    utils/course/run_minutes.json: notebook_runner.PeakMemory's largest sum over papermill, the kernel and its ranks,
+    sampled every 0.5 s at full parameters, so a shorter spike may be missed; shared pages counted in every
+    process, an upper bound on them), or None where it was not measured."""
+    mib = data["notebooks"].get(minutes.key(stem_path(stem)), {}).get("peak_memory_mb")
+    return mib * 2**20 if mib else None
+
+
 def default_world_size(path):
     nb = json.loads(path.read_text())
     for cell in nb["cells"]:
@@ -200,11 +225,11 @@ def row(path, data):
     parts = course.get("minutes_parts", {})
     n = default_world_size(path)
     entry = data["notebooks"].get(minutes.key(path), {})
-    peak = entry.get("peak_memory_mb")
+    peak = measured_peak(path.stem, data)
     return {
         "key": minutes.key(path), "minutes": course.get("minutes"), "parts": parts, "world_size": n,
         "world_sizes": course.get("world_sizes") or "1-8", "cores": n and f"{math.ceil(n / 2)}-{n}",
-        "memory": f"{peak / 1024:.1f} GB" if peak else "not measured", "seconds": entry.get("seconds"),
+        "memory": f"{peak / 2**30:.1f} GiB" if peak else "not measured", "seconds": entry.get("seconds"),
         "run": run_measured(minutes.key(path), data), "workshops": len(entry.get("workshops", [])),
     }
 
@@ -335,7 +360,8 @@ def render():
              "where marked. Run measured: the full-parameter run behind the running minutes. Ranks: the notebook's default `WORLD_SIZE` "
              "(and the sizes it accepts). Cores: a rank a core runs at full speed; the launcher accepts up to two "
              "ranks a core. Memory: the peak resident memory of the notebook's kernel and ranks together at full "
-             "parameters (shared libraries counted once per process: an upper bound).", "",
+             "parameters, sampled every 0.5 s (a shorter spike may be missed; shared libraries counted once per "
+             "process: an upper bound on those).", "",
              "| notebook | minutes (read / code / run / exercises) | run measured | ranks (accepted) | cores | memory |",
              "| --- | --- | --- | --- | --- | --- |"]
     for p in paths:
@@ -361,6 +387,11 @@ def render():
               "included. Labs are the evening's work, graded with `make grade`.", ""]
     for title, days in SCHEDULES.items():
         lines += [f"### {title[0].upper()}{title[1:]}", ""]
+        peaks = {s: measured_peak(s, data) or 0 for s in schedule_stems(schedule_name(title))}
+        top = max(peaks, key=peaks.get)
+        lines += [f"Memory: its largest notebook, {top}, peaks at {peaks[top] / 2**30:.1f} GiB; "
+                  f"`make preflight USERS=N SCHEDULE={schedule_name(title)}` asks that of the box for each learner, "
+                  "plus at least one kernel left running (with its rank server).", ""]
         for i, day in enumerate(days):
             slots, need, capacity = lay_out(day, rows)
             lines += [f"Day {i + 1} ({need} of {capacity} minutes):", "",

@@ -4,8 +4,11 @@
 
 SUBMISSIONS holds one folder per learner, as nbgrader collects them: ``<learner>/<assignment>/<lab>.ipynb``
 (nbgrader's ``submitted/`` folder; a course folder that contains ``submitted/`` works too), or
-``<learner>/<lab>.ipynb``. A lab is a notebook of ``labs/`` (``utils.checkers.labs.LABS``); other notebooks
-are listed and skipped. OUT receives ``gradebook.csv``, ``gradebook.html``, ``results.json`` and
+``<learner>/<lab>.ipynb``. Every folder in it but ``.ipynb_checkpoints`` is a learner with a row, an empty one too, one
+named ``submitted`` too when ``submitted/`` itself is given; nothing that is a symlink is followed
+(``find_submissions``). A
+lab is a notebook of ``labs/`` (``utils.checkers.labs.LABS``); other notebooks are listed and skipped. OUT receives
+``gradebook.csv``, ``gradebook.html``, ``results.json`` and
 ``feedback/<learner>/[<assignment>/]<lab>.md`` (``utils.workshop.gradebook``).
 
 Each (learner, lab, part) is one *answer*, graded by ``python -m utils.workshop.grade --one ...``: a fresh
@@ -40,13 +43,14 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from ..checkers.labs import LABS
 from ..hardware import usable_cores
 from ..launch import run_child
 from ..launch.scripts import ROOT
 
-__all__ = ["VERDICTS", "Answer", "Verdict", "find_submissions", "lab_world_size", "default_workers",
+__all__ = ["VERDICTS", "Answer", "Verdict", "Submissions", "LINK", "find_submissions", "lab_world_size", "default_workers",
            "run_answer", "grade", "main"]
 
 VERDICTS = {  # verdict -> what the gradebook says (a "mistake" shows the checker's name for it instead)
@@ -94,27 +98,82 @@ class Verdict:
         return self.mistake if self.verdict == "mistake" else VERDICTS[self.verdict]
 
 
+class Submissions(NamedTuple):
+    answers: list   # Answers, to grade
+    skipped: dict   # path under submitted/ -> why it is not graded
+    learners: dict  # every learner -> "" (its folder was read) or why not: what its gradebook cells then say
+
+
+LINK = "a symlink: not followed"
+NOT_LEARNERS = {".ipynb_checkpoints"}  # Jupyter's own folder, beside a notebook opened in submitted/ itself
+SUBMITTED = "submitted"  # nbgrader's folder of submissions
+
+
+def _points_to(path):
+    """Where a symlink points, as written in it: ``os.readlink``, never ``resolve()`` (a loop raises there)."""
+    try:
+        return os.readlink(path)
+    except OSError as err:
+        return f"unreadable: {err.strerror}"
+
+
+def _linked(path):
+    return f"{LINK} (it points to {_points_to(path)}); nbgrader collects by copying: copy it in instead"
+
+
 def find_submissions(folder):
-    """(answers, skipped): every lab notebook under ``folder`` by learner, and the other notebooks found (not labs,
-    or a learner's second copy of a lab: the first in path order is graded)."""
+    """Every learner and lab notebook under ``folder`` (nbgrader's submitted/, or a course folder holding it).
+
+    A learner is every folder in it (``..x``, ``.hidden``, spaces, any script; ``iterdir`` never lists ``.`` and
+    ``..``) except Jupyter's ``.ipynb_checkpoints``, so an empty one is a row of "not submitted", not a learner gone
+    missing. ``folder`` is stepped into its ``submitted/`` only when its own name is not ``submitted``: given
+    nbgrader's ``submitted/`` itself, a learner named ``submitted`` is a learner. Nothing that is a symlink is
+    followed (a learner folder, a subfolder, a notebook): nbgrader collects by copying, so a link was made by hand
+    and may lead anywhere (another learner's notebook, graded as this one's; the solutions; a home directory; itself,
+    a loop). A linked learner gets a row saying ``LINK``; a learner folder that cannot be read gets a row saying
+    why. A linked subfolder or notebook, a folder that cannot be read, a second copy of a lab (the first in path
+    order is graded) and a notebook that is not a lab are skipped, each with why. Returns ``Submissions``."""
     folder = Path(folder)
-    if (folder / "submitted").is_dir():
-        folder = folder / "submitted"
+    if folder.name != SUBMITTED and (folder / SUBMITTED).is_dir():
+        folder = folder / SUBMITTED
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no such folder; give the folder of submissions, one folder per learner "
                                 "(nbgrader's submitted/<learner>/<assignment>/<lab>.ipynb)")
-    answers, skipped = [], []
-    for learner in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        for notebook in sorted(learner.rglob("*.ipynb")):
+    answers, skipped, learners = [], {}, {}
+    for learner in sorted(folder.iterdir()):
+        if learner.is_symlink():  # checked first: is_dir() would follow it
+            if not learner.is_file():  # a link to a folder, to nothing any more, or a loop
+                learners[learner.name] = LINK
+                skipped[learner.name] = _linked(learner)
+            continue
+        if not learner.is_dir() or learner.name in NOT_LEARNERS:
+            continue
+        learners[learner.name] = ""
+        notebooks = []
+        for root, dirs, files in os.walk(learner, onerror=lambda err: skipped.setdefault(
+                str(Path(err.filename).relative_to(folder)), f"could not be read: {err.strerror}")):
+            here = Path(root)
+            depth = len(here.relative_to(learner).parts)  # learner/<lab>.ipynb or learner/<assignment>/<lab>.ipynb
+            for name in dirs + files:
+                path = here / name
+                if path.is_symlink() and name not in NOT_LEARNERS and (name in dirs and not depth or name.endswith(".ipynb")):
+                    skipped[str(path.relative_to(folder))] = _linked(path)
+                elif name in files and name.endswith(".ipynb"):
+                    notebooks.append(path)
+            dirs[:] = [] if depth else [d for d in dirs if d not in NOT_LEARNERS and not (here / d).is_symlink()]
+        if str(learner.relative_to(folder)) in skipped:  # os.walk could not list the learner's own folder
+            learners[learner.name] = f"its folder could not be read ({skipped[learner.name]})"
+        for notebook in sorted(notebooks):
             relative = notebook.relative_to(learner)
-            if ".ipynb_checkpoints" in relative.parts or len(relative.parts) > 2:
-                continue
-            if notebook.stem in LABS and (learner.name, notebook.stem) not in {(a.learner, a.lab) for a in answers}:
+            where = str(notebook.relative_to(folder))
+            if notebook.stem not in LABS:
+                skipped[where] = "not a lab of the course"
+            elif (learner.name, notebook.stem) in {(a.learner, a.lab) for a in answers}:
+                skipped[where] = "a second copy of the lab: the first in path order is graded"
+            else:
                 answers.append(Answer(learner.name, notebook.stem, notebook.resolve(),
                                       str(relative.with_suffix(".md"))))
-            else:
-                skipped.append(str(notebook.relative_to(folder)))
-    return answers, skipped
+    return Submissions(answers, skipped, learners)
 
 
 def lab_world_size(lab):
@@ -266,8 +325,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     from .gradebook import write_gradebook
 
+    sys.stdout.reconfigure(errors="backslashreplace")  # a learner's name that is not UTF-8: \udcXX, not a crash
+
     try:
-        answers, skipped = find_submissions(args.submissions)
+        answers, skipped, learners = find_submissions(args.submissions)
     except FileNotFoundError as err:
         parser.error(str(err))
     if args.labs:
@@ -275,11 +336,11 @@ def main(argv=None):
         if unknown:
             parser.error(f"--labs {' '.join(sorted(unknown))}: not labs of the course; the labs are {', '.join(LABS)}")
         answers = [a for a in answers if a.lab in args.labs]
-    if skipped:
-        print(f"not labs of the course, skipped: {', '.join(skipped)}")
+    for path, why in skipped.items():
+        print(f"skipped {path}: {why}")
     start = time.perf_counter()
     verdicts = grade(answers, args.world_size, args.smoke, args.workers, args.timeout)
-    paths = write_gradebook(answers, verdicts, args.out)
+    paths = write_gradebook(answers, verdicts, args.out, learners, args.labs)
     print(f"graded {len(verdicts)} answers in {time.perf_counter() - start:.0f} s: {', '.join(map(str, paths))}")
 
 

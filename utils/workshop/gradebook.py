@@ -1,11 +1,14 @@
 """The grader's output: a gradebook (learner x lab) as CSV and HTML, every verdict as JSON, and each learner's feedback.
 
-``write_gradebook(answers, verdicts, out)`` takes what ``utils.workshop.grade`` found and decided and writes
+``write_gradebook(answers, verdicts, out, learners, labs)`` takes what ``utils.workshop.grade`` found and decided and
+writes
 
-- ``gradebook.csv``: one row per learner, one column per lab, then how many labs passed; a cell says ``pass``,
-  or for each part not passed ``part: what`` (the checker's name for the mistake, ``not written yet``,
-  ``timeout``, ``crash``, ``does not parse`` ...); ``not submitted`` when the learner handed in no such notebook;
-- ``gradebook.html``: the same table, coloured, each cell linked to its feedback;
+- ``gradebook.csv``: one row per learner (every one ``find_submissions`` found, an empty folder too), one column per
+  lab of the course (``utils.checkers.labs.LABS``, or the labs graded: ``--labs``), handed in by anyone or not, then how many labs passed; a cell says ``pass``, or for each part not passed ``part: what`` (the checker's name
+  for the mistake, ``not written yet``, ``timeout``, ``crash``, ``does not parse`` ...); ``not submitted`` when the
+  learner handed in no such notebook (or why their folder was not read: a symlink);
+- ``gradebook.html``: the same table, coloured, each cell linked to its feedback (the link percent-encoded: a
+  learner's name may hold spaces, ``#`` or any script);
 - ``results.json``: every verdict with its message, hint, seconds and the kept output;
 - ``feedback/<learner>/[<assignment>/]<lab>.md``: per part, the verdict, the checker's message and hint, and the
   end of the output when the answer crashed, raised or ran out of time (nbgrader's feedback/ layout: the
@@ -17,11 +20,17 @@ import html
 import json
 from dataclasses import asdict
 from pathlib import Path
+from urllib.parse import quote
+
+from utils.checkers.labs import LABS
 
 __all__ = ["cell", "write_gradebook"]
 
 NOT_SUBMITTED = "not submitted"
 COLOURS = {"pass": "#d4edda", NOT_SUBMITTED: "#eeeeee"}  # anything else: not yet (#f8d7da)
+# A folder name that is not UTF-8 (an archive unpacked from another system) reaches Python with its bytes as
+# surrogates (PEP 383): written as \udcXX in the text, percent-encoded byte for byte in a link, never a crash.
+NAME_ERRORS = "backslashreplace"
 
 
 def cell(verdicts):
@@ -49,12 +58,17 @@ def _feedback(answer, verdicts):
     return "\n".join(lines)
 
 
-def write_gradebook(answers, verdicts, out):
-    """Write the gradebook and the feedback files under ``out``; returns the gradebook's paths."""
+def write_gradebook(answers, verdicts, out, learners, labs=None):
+    """Write the gradebook and the feedback files under ``out``; returns the gradebook's paths. ``learners``:
+    ``find_submissions``'s, every learner -> "" or what their cells say instead of "not submitted" (a learner
+    with no answer has a row only through it, so it is not optional). ``labs``: the columns, in order (default:
+    every lab of the course), so a lab nobody handed in is a column of "not submitted"."""
     out = Path(out)
     (out / "feedback").mkdir(parents=True, exist_ok=True)
-    learners = sorted({a.learner for a in answers})
-    labs = sorted({a.lab for a in answers})
+    missing = dict(learners)
+    learners = sorted(set(missing) | {a.learner for a in answers})
+    labs = list(LABS if labs is None else labs)
+    labs += sorted({a.lab for a in answers} - set(labs))  # an answer is never dropped from the gradebook
     by_answer = {}
     for v in verdicts:
         by_answer.setdefault((v.learner, v.lab), []).append(v)
@@ -64,14 +78,15 @@ def write_gradebook(answers, verdicts, out):
         table[answer.learner, answer.lab] = cell(found)
         path = out / "feedback" / answer.learner / answer.feedback
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(_feedback(answer, found))
+        path.write_text(_feedback(answer, found), encoding="utf-8", errors=NAME_ERRORS)
         links[answer.learner, answer.lab] = path.relative_to(out).as_posix()
-    rows = [[learner] + [table.get((learner, lab), NOT_SUBMITTED) for lab in labs] for learner in learners]
+    rows = [[learner] + [table.get((learner, lab), missing.get(learner) or NOT_SUBMITTED) for lab in labs]
+            for learner in learners]
     for row in rows:
         row.append(f"{row[1:].count('pass')}/{len(labs)}")
-    with open(out / "gradebook.csv", "w", newline="") as f:
+    with open(out / "gradebook.csv", "w", newline="", encoding="utf-8", errors=NAME_ERRORS) as f:
         csv.writer(f).writerows([["learner", *labs, "labs passed"], *rows])
-    (out / "gradebook.html").write_text(_html(labs, rows, links))
+    (out / "gradebook.html").write_text(_html(labs, rows, links), encoding="utf-8", errors=NAME_ERRORS)
     (out / "results.json").write_text(json.dumps([asdict(v) for v in verdicts], indent=1))
     return [out / "gradebook.csv", out / "gradebook.html"]
 
@@ -81,7 +96,7 @@ def _html(labs, rows, links):
         colour = COLOURS.get(text, "#f8d7da")
         body = html.escape(text)
         if (learner, lab) in links:
-            body = f'<a href="{html.escape(links[learner, lab])}">{body}</a>'
+            body = f'<a href="{html.escape(quote(links[learner, lab], errors="surrogateescape"))}">{body}</a>'
         return f'<td style="background:{colour}">{body}</td>'
 
     head = "".join(f"<th>{html.escape(h)}</th>" for h in ["learner", *labs, "labs passed"])

@@ -2,17 +2,25 @@
 
 Each check answers ok, warn (the course runs, something will be slow or shared) or fail (a lesson will
 not run), with the fix beside each warning and failure. What is checked, in order: Python, torch and its
-CUDA, cores, memory and disk for ``--learners`` learners, each GPU (a matmul, and memory that others
+CUDA, cores, memory and disk for ``--learners`` learners (memory for ``--schedule``'s notebooks), each GPU (a matmul, and memory that others
 already hold), NCCL between every pair of GPUs, gloo, the ports a hub and a lab listen on, the launcher's
 rank server, and a 2-rank all-reduce. The last two go through the launcher itself (``utils.launch``),
 so a pass means lesson 00 runs here. The GPU checks run only where there are GPUs;
 tests/test_workshop_preflight.py fakes them the way tests/test_hardware_branches.py fakes hardware.
 
-Memory per learner is measured, not guessed: the resident memory of this process (a kernel's worth of
-torch), of the rank server and of a rank in the 2-rank all-reduce, for a kernel, a server and 4 ranks
-(resident memory counts the shared libraries in every process: an upper bound).
-That is the launcher's floor; lessons add their models, so the check asks for twice the floor free
-(an allowance, said as such in the message).
+Memory per learner is measured, not guessed: the largest peak among the notebooks of the schedule
+(TEACHING.md's; ``all`` for every lesson and lab), as ``make course`` measured it and stored it in
+utils/course/run_minutes.json (``teaching_guide.measured_peak``: the resident memory of papermill, the kernel and
+its ranks summed, sampled every 0.5 s at full parameters, so a spike shorter than that may be missed; shared pages
+are counted in every process, so the sum is an upper bound on them; the same figures as TEACHING.md's memory
+column). A learner runs one notebook at a time, so the largest, not the sum. Headroom on top: at least one idle
+kernel with its rank server, measured here in a fresh process after importing the heavy libraries a lesson imports
+(``server_handle.HEAVY_MODULES``, those installed), which the lesson's rank server imports too. At least, because
+JupyterLab keeps a notebook's kernel running when its tab is closed (its ``kernelShutdown`` setting is false by
+default) and the hub culls no idle kernel: every earlier lesson's kernel is still there unless the learner shut it
+down. A notebook of the schedule with no measured peak is named, and warned about; one whose optional requirements
+(``metadata.course.requires``: notebooks 13a and 13b need TensorFlow, ``make frameworks``) are not installed here
+cannot run here, so it is left out of the ask, with a note saying so.
 """
 
 from __future__ import annotations
@@ -34,7 +42,9 @@ import torch.distributed as dist
 
 from ..hardware import usable_cores
 from ..launch import RankError, run_ranks
-from ..launch.server_handle import rank_server
+from ..launch.server_handle import HEAVY_MODULES, rank_server
+from ..course import minutes, teaching_guide
+from ..course.notebook_runner import missing_requirements
 from ..torch_versions import SUPPORTED, is_supported
 from .seats import deal_seats
 
@@ -42,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PORTS = {8000: "the hub (make hub, HUB_PORT)", 8001: "the hub's proxy API", 8081: "the hub itself",
          8888: "make lab", 29500: "torchrun's default (lesson 10)"}
 RANKS_PER_LEARNER = 4  # lesson 00's WORLD_SIZE: the most ranks a lesson starts by default
-ALLOWANCE = 2  # free memory asked for: twice the launcher's measured floor, for the lessons' models
+SCHEDULES = ["all", *map(teaching_guide.schedule_name, teaching_guide.SCHEDULES)]  # --schedule's choices
 GIB = 2**30
 
 
@@ -102,17 +112,78 @@ def check_cores(learners, cores=None) -> Check:
     return Check("cores", "ok", detail)
 
 
-def check_memory(learners, per_learner, available=None) -> Check:
+SHUT_DOWN = ("ask learners to shut each lesson's kernel down before opening the next (Kernel > Shut Down Kernel): "
+             "closing its tab leaves it running, and every kernel left running adds its share")
+
+
+def check_memory(learners, schedule, idle, available=None, data=None, missing=None) -> Check:
+    """Memory for ``learners`` working through ``schedule`` (see the module's docstring): each the largest measured
+    peak of its notebooks (``data``: run_minutes.json's content) plus ``idle``, at least one kernel left running.
+    ``missing(stem)``: the notebook's optional requirements not installed here (default: ``missing_requirements``)."""
     available = psutil.virtual_memory().available if available is None else available
-    need = learners * per_learner * ALLOWANCE
-    detail = (f"{available / GIB:.1f} GiB available; launcher floor {per_learner / GIB:.2f} GiB per learner "
-              f"(measured: a kernel, a rank server, {RANKS_PER_LEARNER} ranks), x{ALLOWANCE} allowance for the "
-              f"lessons' models = {need / GIB:.1f} GiB for {learners}")
-    if available < need / ALLOWANCE:
-        return Check("memory", "fail", detail, f"fewer learners (at most {int(available // per_learner)}) or more memory")
+    data = minutes.load_data() if data is None else data
+    missing = missing or (lambda stem: missing_requirements(teaching_guide.stem_path(stem)))
+    stems = teaching_guide.schedule_stems(schedule)
+    cannot = {stem: needs for stem in stems if (needs := missing(stem))}
+    left_out = ("; left out, their requirements not installed here: " +
+                ", ".join(f"{stem} (needs {', '.join(needs)})" for stem, needs in cannot.items()) +
+                " (make frameworks installs TensorFlow; then measure them)") if cannot else ""
+    peaks = {stem: teaching_guide.measured_peak(stem, data) for stem in stems if stem not in cannot}
+    unmeasured = [stem for stem, peak in peaks.items() if not peak]
+    remeasure = "make course, then python -m utils.course.minutes --measured build/course --memory-only"
+    if len(unmeasured) == len(peaks):
+        return Check("memory", "warn", f"no notebook of schedule {schedule} has a measured peak" + left_out, remeasure)
+    top = max(peaks, key=lambda stem: peaks[stem] or 0)
+    peak = peaks[top]
+    need = learners * (peak + idle)
+    detail = (f"{available / GIB:.1f} GiB available; schedule {schedule}: its largest measured peak, {top}, "
+              f"{peak / GIB:.2f} GiB + at least one kernel left running, with its rank server, {idle / GIB:.2f} GiB "
+              f"(measured here) = {need / GIB:.1f} GiB for {learners} learner(s)")
+    unmeasured = f"; not measured: {', '.join(unmeasured)}" if unmeasured else ""
+    if available < learners * peak:
+        most = int(available // peak)
+        return Check("memory", "fail", detail + f": {top} at once for every learner does not fit" + unmeasured +
+                     left_out, f"at most {most} learner(s) here, a schedule of smaller notebooks, or more memory"
+                     if most else f"more memory: one learner running {top} needs {(peak + idle) / GIB:.1f} GiB")
+    detail += unmeasured + left_out
     if available < need:
-        return Check("memory", "warn", detail, "close other programs; the larger lessons (07, 09) may swap")
-    return Check("memory", "ok", detail)
+        return Check("memory", "warn", detail, SHUT_DOWN)
+    if unmeasured:
+        return Check("memory", "warn", detail, f"measure them: {remeasure}")
+    return Check("memory", "ok", f"{detail}; still, {SHUT_DOWN}")
+
+
+IDLE_KERNEL = """
+import importlib, json, os, psutil, torch
+from utils.launch import run_ranks
+from utils.launch.server_handle import HEAVY_MODULES, rank_server
+imported = []
+for name in HEAVY_MODULES:
+    try:
+        importlib.import_module(name)
+        imported.append(name)
+    except ImportError:
+        pass
+run_ranks(os.getpid, world_size=1, process_group=False, timeout=120, verbose=False)
+server = rank_server()
+server.mirror_imports()
+print(json.dumps([psutil.Process().memory_info().rss + psutil.Process(server.proc.pid).memory_info().rss, imported]))
+"""
+
+
+def measure_idle_kernel(timeout=300):
+    """(resident bytes, modules imported) of an idle lesson kernel and its rank server: a fresh process that imports
+    torch and the installed ``HEAVY_MODULES`` (as a lesson does; its rank server mirrors them), then starts its rank
+    server and forks a rank. None where that fails (the rank server check says why)."""
+    import json
+    import subprocess
+    try:
+        done = subprocess.run([sys.executable, "-c", IDLE_KERNEL], cwd=ROOT, capture_output=True, text=True,
+                              timeout=timeout)
+        rss, imported = json.loads(done.stdout.strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, ValueError, IndexError, OSError):
+        return None
+    return rss, imported
 
 
 def check_disk(learners, path=ROOT, free=None) -> Check:
@@ -239,36 +310,35 @@ def check_rank_server():
                  f"({rss / GIB:.2f} GiB resident)"), rss
 
 
-def _rank_sum_and_memory():
+def _rank_sum():
     t = torch.tensor([float(dist.get_rank())])
     dist.all_reduce(t)
-    return t.item(), psutil.Process().memory_info().rss
+    return t.item()
 
 
-def check_all_reduce():
-    """A 2-rank gloo all-reduce through ``run_ranks``, as lesson 00's first cell: (Check, a rank's resident bytes)."""
+def check_all_reduce() -> Check:
+    """A 2-rank gloo all-reduce through ``run_ranks``, as lesson 00's first cell."""
     start = time.perf_counter()
     try:
-        results = run_ranks(_rank_sum_and_memory, world_size=2, backend="gloo", timeout=120, verbose=False)
+        sums = run_ranks(_rank_sum, world_size=2, backend="gloo", timeout=120, verbose=False)
     except RankError as exc:
         return Check("2-rank all-reduce", "fail", str(exc).splitlines()[0],
-                     "run notebooks/00_start_here.ipynb: its cells say more about the failure"), 0
-    sums = [r[0] for r in results]
+                     "run notebooks/00_start_here.ipynb: its cells say more about the failure")
     if sums != [1.0, 1.0]:
-        return Check("2-rank all-reduce", "fail", f"0 + 1 gave {sums}", "report it: gloo returned a wrong sum"), 0
-    return (Check("2-rank all-reduce", "ok", f"0 + 1 = {sums} on both ranks in {time.perf_counter() - start:.2f} s"),
-            max(r[1] for r in results))
+        return Check("2-rank all-reduce", "fail", f"0 + 1 gave {sums}", "report it: gloo returned a wrong sum")
+    return Check("2-rank all-reduce", "ok", f"0 + 1 = {sums} on both ranks in {time.perf_counter() - start:.2f} s")
 
 
-def run_preflight(learners=1) -> list[Check]:
+def run_preflight(learners=1, schedule="all") -> list[Check]:
     """Every check, in order; GPU checks only where there are GPUs."""
     checks = [check_python(), check_torch(), check_gloo(), check_ports()]
     server, server_rss = check_rank_server()
-    reduce, rank_rss = check_all_reduce()
-    checks += [server, reduce, check_cores(learners)]
-    if server_rss and rank_rss:
-        per_learner = psutil.Process().memory_info().rss + server_rss + RANKS_PER_LEARNER * rank_rss
-        checks.append(check_memory(learners, per_learner))
+    checks += [server, check_all_reduce(), check_cores(learners)]
+    idle = measure_idle_kernel() if server_rss else None
+    if idle:  # a lesson's idle kernel and its server, the heavy libraries imported in both
+        checks.append(check_memory(learners, schedule, idle[0]))
+    elif server_rss:  # the fresh kernel failed: this process (torch, no CUDA yet) + its server, a lower bound
+        checks.append(check_memory(learners, schedule, psutil.Process().memory_info().rss + server_rss))
     checks.append(check_disk(learners))
     gpus = torch.cuda.device_count()
     if gpus:
@@ -297,10 +367,14 @@ def verdict(checks) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Check this machine before a workshop (make preflight).")
     parser.add_argument("--learners", type=int, default=1, help="how many learners this machine will serve")
+    parser.add_argument("--schedule", choices=SCHEDULES, default="all",
+                        help="TEACHING.md's schedule the workshop follows: memory is asked for its notebooks "
+                        "(default: all, every lesson and lab)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    print(f"[preflight] {platform.node()}: checking for {args.learners} learner(s)", flush=True)
-    checks = run_preflight(args.learners)
+    print(f"[preflight] {platform.node()}: checking for {args.learners} learner(s), schedule {args.schedule}",
+          flush=True)
+    checks = run_preflight(args.learners, args.schedule)
     for check in checks:
         print(check.line(), flush=True)
     print(f"[preflight] {verdict(checks)} ({time.perf_counter() - start:.1f} s)")
