@@ -13,11 +13,16 @@ workspaces in a temporary folder), then, as a learner would, with the menus, the
    calculator, checks it shows the next cell's number (7.5 B, 1.88 GB) and labelled controls, picks
    another ZeRO stage and moves the parameter slider, and sees the numbers change;
 3. lesson 06 (likewise): runs up to the schedule explorer, checks its labels are whole and its picture
-   is not stretched, moves the micro-batch slider and sees the picture change.
+   is not stretched, moves the micro-batch slider and sees the picture change;
+4. lab 01a, a learner's journey: types a wrong answer that falls into the lab's first trap, runs the check and
+   sees the feedback panel name that trap (`halved_elements`), its evidence and hint, and no checker frame;
+   types a right answer and sees the check pass and say what it checked. Both answers are made at test time
+   from the reference solution in labs/solutions/, so no file a learner opens holds the lab's answer.
 
 Screenshots go to build/browser/. The notebooks on disk are checked unchanged afterwards.
 """
 
+import inspect
 import json
 import os
 import re
@@ -26,6 +31,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -218,4 +224,66 @@ def test_lesson_06_schedule_explorer_reacts(browser, lab):
     page.wait_for_timeout(500)
     widget.screenshot(path=SHOTS / "06_explorer_moved.png")
     page.screenshot(path=SHOTS / "06_explorer_page.png")
+    page.close()
+
+
+def type_into(page, cell, text):
+    """Replace the code of ``cell`` with ``text``, as a paste: no auto-indent or closing brackets added."""
+    cell.locator(".cm-content").click()
+    page.keyboard.press("Control+A")
+    page.keyboard.insert_text(text)
+    page.keyboard.press("Escape")
+
+
+def run_from(page, first, last):
+    """Run the cells from ``first`` to ``last`` (locators) with Shift+Enter, as a learner would; don't wait."""
+    index = "c => [...document.querySelectorAll('.jp-NotebookPanel .jp-Cell')].indexOf(c)"
+    first.locator(".jp-InputPrompt").click()
+    for _ in range(last.evaluate(index) - first.evaluate(index) + 1):
+        page.keyboard.press("Shift+Enter")
+
+
+def lab01a_answers():
+    """(wrong, right) sources of lab 01a's ``halving_reduce_scatter``, made from the reference solution now.
+
+    The wrong one takes chunk offsets k * numel // p instead of ``chunk_bounds``: on 2 and 4 ranks that cuts
+    exactly where halving the elements does, the lab's first trap (the checker's hint for it says so)."""
+    sys.path.insert(0, str(ROOT / "labs"))
+    try:
+        from solutions import halving_doubling
+    finally:
+        sys.path.remove(str(ROOT / "labs"))
+    right = "from utils.comm.p2p import sendrecv\n\n\n" + inspect.getsource(halving_doubling.halving_reduce_scatter)
+    lookup = "bounds = chunk_bounds(flat.numel(), p)"
+    assert lookup in right, f"the reference no longer has {lookup!r}: update the planted trap"
+    return right.replace(lookup, "bounds = [k * flat.numel() // p for k in range(p + 1)]"), right
+
+
+def test_lab_01a_check_names_the_first_trap_then_passes(browser, lab):
+    wrong, right = lab01a_answers()
+    page = open_notebook(browser, lab, "labs/01a_halving_reduce_scatter_lab.ipynb")
+    answer, check = cell_with(page, "## YOUR CODE"), cell_with(page, "check_halving_reduce_scatter(")
+    type_into(page, answer, wrong)
+    run_from(page, page.locator(".jp-NotebookPanel .jp-Cell").first, check)  # every cell, the check last
+    panel = check.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+    panel.wait_for(timeout=RUN_TIMEOUT_S * 1000)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=RUN_TIMEOUT_S * 1000)
+    check.scroll_into_view_if_needed()
+    check.screenshot(path=SHOTS / "lab01a-panel.png")
+    text = panel.inner_text()
+    flat = " ".join(text.split())
+    assert "Not yet: halved_elements" in text and "the lab's first trap" in flat, text
+    assert "world_size=4 · rank" in flat and "try next" in text, text
+    assert "Traceback" not in text and "utils/checkers" not in text and "skipping hidden" not in text, text
+    assert "PASSED" not in check.inner_text(), "the check cell failed, yet its output says PASSED"
+
+    type_into(page, answer, right)
+    run_from(page, answer, check)
+    wait_idle(page)
+    out = check.locator(".jp-OutputArea")
+    check.scroll_into_view_if_needed()
+    check.screenshot(path=SHOTS / "lab01a-pass.png")
+    text = out.inner_text()
+    assert "PASSED: halving_reduce_scatter" in text and "world_size=4: every case's chunk v on rank v" in text, text
+    assert "Not yet" not in text, text
     page.close()

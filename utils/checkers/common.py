@@ -21,12 +21,14 @@ hang usually means in that lab.
 """
 
 import dataclasses
+import linecache
 
 import torch
 
 from ..launch import RankError, RankTimeoutError, run_ranks
+from ..launch.report import FRAME
 from .harness import (GENERIC_HINT, RAISED_HINT, LabCheckFailed, answer_line, caught,  # noqa: F401
-                      first_error, learner_call, raise_if_error)
+                      first_error, is_learners, learner_call, raise_if_error)
 from .watch import TAMPER_HINT, watched_call  # noqa: F401 - every checker imports the harness from here
 
 # One set of tolerances for every checker. float32 sums taken in another order (shard means, then over
@@ -59,12 +61,22 @@ def launch_answer(fn, args, world_size, timeout, name, hang_hint):
     try:
         return run_ranks(fn, *args, world_size=world_size, timeout=timeout, verbose=False)
     except RankTimeoutError as err:
-        stuck = {r: s.strip().splitlines()[-1].strip() for r, s in err.stacks.items() if s != "finished normally"}
+        stuck = {r: stuck_at(s) for r, s in err.stacks.items() if s != "finished normally"}
         raise LabCheckFailed("deadlock", f"the ranks were still running after {timeout:g} s and were stopped; "
-                             f"last line of each stuck rank: {stuck}", hang_hint, world_size) from None
+                             f"where each stuck rank waited: {stuck}", hang_hint, world_size) from None
     except RankError as err:
         raise LabCheckFailed("crash", f"rank {err.rank} crashed:\n{err}", f"{name} must run on every rank without "
                              "error; read the traceback above.", world_size) from None
+
+
+def stuck_at(stack):
+    """"fn, line N: source" of the deepest frame of a hung rank's stack (faulthandler's, most recent call first)
+    in the learner's code; the stack's last line when none is (then the rank waited outside the answer)."""
+    mine = next((f for f in FRAME.finditer(stack) if is_learners(f["file"])), None)
+    if mine is None:
+        return stack.strip().splitlines()[-1].strip()
+    source = linecache.getline(mine["file"], int(mine["line"])).strip()
+    return f"{mine['fn']}, line {mine['line']}" + (f": {source}" if source else "")
 
 
 def close(a, b, tolerance):
