@@ -49,6 +49,7 @@ if not Path(CHROMIUM).is_file():
                 "use another)", allow_module_level=True)
 pytestmark = pytest.mark.browser
 RUN_TIMEOUT_S = 600  # a whole lesson's cells above a widget, with SMOKE = True, on a loaded 2-core machine
+CHECK_TIMEOUT_S = 240  # lab 01a's cells up to its check, and the check on 2 and 4 ranks: ~30 s on 2 cores
 
 
 def free_port():
@@ -236,10 +237,9 @@ def type_into(page, cell, text):
 
 
 def run_from(page, first, last):
-    """Run the cells from ``first`` to ``last`` (locators) with Shift+Enter, as a learner would; don't wait."""
-    index = "c => [...document.querySelectorAll('.jp-NotebookPanel .jp-Cell')].indexOf(c)"
-    first.locator(".jp-InputPrompt").click()
-    for _ in range(last.evaluate(index) - first.evaluate(index) + 1):
+    """Run the cells from index ``first`` to ``last`` with Shift+Enter, as a learner would; don't wait."""
+    page.locator(".jp-NotebookPanel .jp-Cell").nth(first).locator(".jp-InputPrompt").click()
+    for _ in range(last - first + 1):
         page.keyboard.press("Shift+Enter")
 
 
@@ -254,19 +254,30 @@ def lab01a_answers():
     finally:
         sys.path.remove(str(ROOT / "labs"))
     right = "from utils.comm.p2p import sendrecv\n\n\n" + inspect.getsource(halving_doubling.halving_reduce_scatter)
-    lookup = "bounds = chunk_bounds(flat.numel(), p)"
-    assert lookup in right, f"the reference no longer has {lookup!r}: update the planted trap"
-    return right.replace(lookup, "bounds = [k * flat.numel() // p for k in range(p + 1)]"), right
+    wrong = right
+    for line, trap in (("bounds = chunk_bounds(flat.numel(), p)", "bounds = [k * flat.numel() // p for k in range(p + 1)]"),
+                       ("scratch = torch.empty_like(flat[: bounds[p // 2]])", "scratch = torch.empty_like(flat)")):
+        assert line in wrong, f"the reference no longer has {line!r}: update the planted trap"
+        wrong = wrong.replace(line, trap)  # its own offsets, and a buffer large enough for any half
+    return wrong, right
 
 
 def test_lab_01a_check_names_the_first_trap_then_passes(browser, lab):
     wrong, right = lab01a_answers()
     page = open_notebook(browser, lab, "labs/01a_halving_reduce_scatter_lab.ipynb")
-    answer, check = cell_with(page, "## YOUR CODE"), cell_with(page, "check_halving_reduce_scatter(")
+    index = "c => [...document.querySelectorAll('.jp-NotebookPanel .jp-Cell')].indexOf(c)"
+    at = {name: cell_with(page, text).evaluate(index) for name, text in
+          (("answer", "## YOUR CODE"), ("check", "check_halving_reduce_scatter("))}
+    # by position from now on: JupyterLab may not keep the text of a cell out of view in the page
+    answer, check = (page.locator(".jp-NotebookPanel .jp-Cell").nth(at[name]) for name in ("answer", "check"))
     type_into(page, answer, wrong)
-    run_from(page, page.locator(".jp-NotebookPanel .jp-Cell").first, check)  # every cell, the check last
-    panel = check.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
-    panel.wait_for(timeout=RUN_TIMEOUT_S * 1000)
+    run_from(page, 0, at["check"])  # every cell, the check last
+    panel = check.locator("[data-mime-type='application/vnd.jupyter.stderr']")
+    try:
+        panel.wait_for(timeout=CHECK_TIMEOUT_S * 1000)
+    except playwright_api.Error:
+        page.screenshot(path=SHOTS / "failed_lab01a.png")
+        raise
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=RUN_TIMEOUT_S * 1000)
     check.scroll_into_view_if_needed()
     check.screenshot(path=SHOTS / "lab01a-panel.png")
@@ -278,7 +289,7 @@ def test_lab_01a_check_names_the_first_trap_then_passes(browser, lab):
     assert "PASSED" not in check.inner_text(), "the check cell failed, yet its output says PASSED"
 
     type_into(page, answer, right)
-    run_from(page, answer, check)
+    run_from(page, at["answer"], at["check"])
     wait_idle(page)
     out = check.locator(".jp-OutputArea")
     check.scroll_into_view_if_needed()
