@@ -6,7 +6,8 @@ and the reference solution's answers of a lab, by its names (``reference_answers
 
 The checker must raise ``LabCheckFailed`` whose ``.mistake`` is ``mistake`` (the classic mistake it
 recognised) and whose message contains ``phrase`` (typically words of the hint, so the learner is told
-what to fix), and whose panel (``expect_panel``) shows it. Returns the exception, for tests that look further. ``expect_raised``: the answer raised in its own code.
+what to fix), and whose panel (``expect_panel``) shows it. Returns the exception, for tests that look further.
+``expect_raised``: the answer raised in its own code.
 """
 
 import importlib

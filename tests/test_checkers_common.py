@@ -281,3 +281,25 @@ def test_a_failing_check_shows_a_panel_not_checker_frames_and_a_pass_says_what_w
     assert shown.startswith("PASSED: halving_reduce_scatter\n  - world_size=2: every case's chunk v on rank v equals "
                             "dist.all_reduce's"), shown
     assert "(p-1)/p = 0.5000" in shown and "only to v XOR d, d = 1 first" in shown, shown
+
+
+def test_papermill_still_fails_a_run_on_a_rejected_answer_and_shows_the_panel(tmp_path):
+    """The panel changes only the display: the cell's ``error`` output still fails papermill's run (as it fails
+    the test suite and ``make course``), with the exception's name and message, and the panel as its traceback."""
+    import nbformat
+    import papermill
+
+    from utils.course.notebook_runner import ROOT
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(
+        "from utils.checkers.common import LabCheckFailed\n"
+        "raise LabCheckFailed('averaged', 'rank 1 is wrong', 'do not divide', 4, dict(rank=1, got=0.5, expected=2))")]
+    nbformat.write(nb, tmp_path / "in.ipynb")
+    with pytest.raises(papermill.PapermillExecutionError) as failure:
+        papermill.execute_notebook(tmp_path / "in.ipynb", tmp_path / "out.ipynb", cwd=str(ROOT), kernel_name="python3",
+                                   progress_bar=False)
+    assert failure.value.ename == "LabCheckFailed" and failure.value.evalue.startswith("Not yet (world_size=4)")
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(failure.value.traceback))
+    assert "Not yet: averaged" in shown and "world_size=4 · rank 1 · got 0.5 · expected 2" in shown, shown
+    assert "do not divide" in shown and "Traceback" not in shown and 'File "' not in shown, shown

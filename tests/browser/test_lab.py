@@ -255,7 +255,8 @@ def lab01a_answers():
         sys.path.remove(str(ROOT / "labs"))
     right = "from utils.comm.p2p import sendrecv\n\n\n" + inspect.getsource(halving_doubling.halving_reduce_scatter)
     wrong = right
-    for line, trap in (("bounds = chunk_bounds(flat.numel(), p)", "bounds = [k * flat.numel() // p for k in range(p + 1)]"),
+    for line, trap in (("bounds = chunk_bounds(flat.numel(), p)",
+                        "bounds = [k * flat.numel() // p for k in range(p + 1)]"),
                        ("scratch = torch.empty_like(flat[: bounds[p // 2]])", "scratch = torch.empty_like(flat)")):
         assert line in wrong, f"the reference no longer has {line!r}: update the planted trap"
         wrong = wrong.replace(line, trap)  # its own offsets, and a buffer large enough for any half
