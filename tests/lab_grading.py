@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from utils.checkers.common import LabCheckFailed
-from utils.checkers.feedback import TRY_NEXT
+from utils.checkers.feedback import AGAIN, TRY_NEXT
 
 
 def expect_rejection(check, *args, mistake, phrase=None, **kwargs):
@@ -33,13 +33,16 @@ def expect_rejection(check, *args, mistake, phrase=None, **kwargs):
 
 
 def expect_panel(err):
-    """What a notebook shows for ``err`` (IPython's ``_render_traceback_``): the panel, naming the mistake, with the
-    world size and what else the checker measured, the hint and what to try next; no checker frame or file."""
+    """What a notebook shows for ``err`` (IPython's ``_render_traceback_``): the panel, naming the mistake and nothing
+    more in its headline, with the world size and what else the checker measured, what it saw, the hint and what to
+    try next (after a crash or a hang, also: run it again); no checker frame or file."""
     __tracebackhide__ = True
     shown = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(err._render_traceback_()))  # as JupyterLab shows it, uncoloured
     flat = " ".join(shown.split())  # the panel wraps its lines
-    assert f"Not yet: {err.mistake}" in shown, shown
-    for part in [err.hint, TRY_NEXT] + [str(v) for v in err.evidence.values()]:
+    headline = next(line for line in shown.splitlines() if "Not yet" in line)
+    assert headline == f"✗ Not yet: {err.mistake}", f"the headline says more than the mistake: {headline!r}"
+    try_next = TRY_NEXT.rstrip(".") + AGAIN if err.mistake in ("crash", "deadlock") else TRY_NEXT
+    for part in [err.hint, err.what, try_next] + [str(v) for v in err.evidence.values()]:
         assert " ".join(part.split()) in flat, f"{part!r} not in the panel:\n{shown}"
     if err.world_size:
         assert f"world_size={err.world_size}" in shown, shown

@@ -5,18 +5,19 @@ fails a run on the cell's ``error`` output and the workshop grader (``utils.work
 Only its display changes. IPython asks an exception for ``_render_traceback_()`` before it formats any frame
 (``InteractiveShell.showtraceback`` in IPython/core/interactiveshell.py), and ipykernel sends the lines it returns
 as the ``traceback`` of the ``error`` message, which JupyterLab shows with its ANSI colours. So a failed check
-shows ``panel_lines(err)``: the mistake's name (the one the table under the check cell lists), the evidence
+shows ``panel_lines(err)``: the mistake's name, the evidence
 (world size, rank, index, got and expected, where the checker measured them), the hint and what to try next,
 and no frame of checker code. ``str(err)`` stays the plain message the grader and the tests read.
 """
 
 import textwrap
 
-__all__ = ["panel_lines", "TRY_NEXT"]
+__all__ = ["panel_lines", "verdict", "TRY_NEXT", "AGAIN"]
 
 WIDTH = 100  # JupyterLab breaks output lines anywhere (word-break: break-all): wrap at words first
 TRY_NEXT = ("change your code between ## YOUR CODE and ## END OF YOUR CODE as the hint says, run that cell, "
             "then run this check cell again (it runs every case again).")
+AGAIN = "; or, if your code did not change, run the check again (a machine's crash or a timeout on a loaded machine)."
 RED, BOLD, DIM, RESET = "\x1b[31m", "\x1b[1m", "\x1b[2m", "\x1b[0m"
 EVIDENCE_ORDER = ("world_size", "rank", "index", "got", "expected")
 
@@ -43,11 +44,19 @@ def panel_lines(err):
     """The lines IPython shows for ``err`` (a ``LabCheckFailed``): the verdict as a panel, no checker frame."""
     rule = DIM + "─" * WIDTH + RESET
     measured = evidence_line(err)
-    lines = [rule, f"{RED}{BOLD}✗ Not yet: {err.mistake}{RESET}  {DIM}({type(err).__name__}; the table under "
-                   f"this cell lists \"{err.mistake}\"){RESET}"]
+    lines = [rule, f"{RED}{BOLD}✗ Not yet: {err.mistake}{RESET}"]
     if measured:
         lines += _field("evidence", measured, BOLD)
     lines += _field("what", err.what, BOLD)
     lines += _field("hint", err.hint, BOLD)
-    lines += _field("try next", TRY_NEXT, BOLD)
+    again = err.mistake in ("crash", "deadlock")
+    lines += _field("try next", TRY_NEXT.rstrip(".") + AGAIN if again else TRY_NEXT, BOLD)
     return lines + [rule]
+
+
+def verdict(err):
+    """What a cell that catches ``err`` and goes on prints: the panel of a ``LabCheckFailed`` (anything with a
+    ``mistake``), "Type: message" for anything else (a stub's NotImplementedError)."""
+    if getattr(err, "mistake", None) is not None:
+        return "\n".join(panel_lines(err))
+    return f"{type(err).__name__}: {err}"
