@@ -275,7 +275,8 @@ def test_lab_01a_check_names_the_first_trap_then_passes(browser, lab):
     answer, check = (page.locator(".jp-NotebookPanel .jp-Cell").nth(at[name]) for name in ("answer", "check"))
     type_into(page, answer, wrong)
     run_from(page, 0, at["check"])  # every cell, the check last
-    panel = check.locator("[data-mime-type='application/vnd.jupyter.stderr']")
+    # the panel, not any other stderr output of the cell (a warning): a locator that matches two is an error
+    panel = check.locator("[data-mime-type='application/vnd.jupyter.stderr']").filter(has_text="Not yet")
     try:
         panel.wait_for(timeout=CHECK_TIMEOUT_S * 1000)
     except playwright_api.Error:
