@@ -225,7 +225,7 @@ EXECUTED ?=
 site: setup  ## the course as a static site in build/site/ from the executed notebooks (EXECUTED=dir: prefer those)
 	$(BIN)/python website/build.py $(if $(EXECUTED),--executed $(EXECUTED))
 
-browser-test: setup  ## JupyterLab in headless Chromium: lesson 00's %%ranks and the two widgets; screenshots in build/browser/
+browser-test: setup  ## JupyterLab in headless Chromium: lesson 00's %%ranks, the two widgets, lab 01a's check panel; screenshots in build/browser/
 	@command -v chromium >/dev/null || { echo "installing Debian's chromium (apt-get; Playwright downloads no browser)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
 	$(BIN)/python -m pip install --quiet $$($(BIN)/python -c "$$BROWSER_PINS")

@@ -6,16 +6,19 @@ and the reference solution's answers of a lab, by its names (``reference_answers
 
 The checker must raise ``LabCheckFailed`` whose ``.mistake`` is ``mistake`` (the classic mistake it
 recognised) and whose message contains ``phrase`` (typically words of the hint, so the learner is told
-what to fix). Returns the exception, for tests that look further. ``expect_raised``: the answer raised in its own code.
+what to fix), and whose panel (``expect_panel``) shows it. Returns the exception, for tests that look further.
+``expect_raised``: the answer raised in its own code.
 """
 
 import importlib
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
 from utils.checkers.common import LabCheckFailed
+from utils.checkers.feedback import AGAIN, TRY_NEXT
 
 
 def expect_rejection(check, *args, mistake, phrase=None, **kwargs):
@@ -25,7 +28,26 @@ def expect_rejection(check, *args, mistake, phrase=None, **kwargs):
     assert failure.value.mistake == mistake, f"expected the mistake {mistake!r}, got: {failure.value}"
     if phrase is not None:
         assert phrase in str(failure.value), f"expected {phrase!r} in: {failure.value}"
+    expect_panel(failure.value)
     return failure.value
+
+
+def expect_panel(err):
+    """What a notebook shows for ``err`` (IPython's ``_render_traceback_``): the panel, naming the mistake and nothing
+    more in its headline, with the world size and what else the checker measured, what it saw, the hint and what to
+    try next (after a crash or a hang, also: run it again); no checker frame or file."""
+    __tracebackhide__ = True
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(err._render_traceback_()))  # as JupyterLab shows it, uncoloured
+    flat = " ".join(shown.split())  # the panel wraps its lines
+    headline = next(line for line in shown.splitlines() if "Not yet" in line)
+    assert headline == f"✗ Not yet: {err.mistake}", f"the headline says more than the mistake: {headline!r}"
+    try_next = TRY_NEXT.rstrip(".") + AGAIN if err.mistake in ("crash", "deadlock") else TRY_NEXT
+    for part in [err.hint, err.what, try_next] + [str(v) for v in err.evidence.values()]:
+        assert " ".join(part.split()) in flat, f"{part!r} not in the panel:\n{shown}"
+    if err.world_size:
+        assert f"world_size={err.world_size}" in shown, shown
+    assert "Traceback" not in shown and "utils/checkers" not in shown and 'File "' not in shown, shown
+    return shown
 
 
 def expect_raised(check, *args, line, **kwargs):

@@ -10,6 +10,7 @@
 """
 
 import functools
+import re
 import sys
 import threading
 
@@ -237,3 +238,68 @@ def test_the_peer_log_sees_every_send_however_it_is_named():
     sent, received = run_ranks(_sends_seen, world_size=2, verbose=False)
     assert sent == [(1, 12), (1, 20), (1, 28), (1, 8)], sent
     assert received == [], received
+
+
+def shown_in_ipython(source, namespace):
+    """What an IPython shell prints for a cell: a failing check's displayed traceback, a pass's printout."""
+    import contextlib
+    import io
+
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance(colors="nocolor")
+    shell.user_ns.update(namespace)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        result = shell.run_cell(source)
+    return result, re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue())
+
+
+def test_a_failing_check_shows_a_panel_not_checker_frames_and_a_pass_says_what_was_checked():
+    """Lab 01a's first trap typed into a cell: IPython shows the panel (``_render_traceback_``): the mistake's name,
+    the evidence (world size, rank, index, got, expected), the hint and what to do next, and no checker frame; the
+    cell still fails with the exception, as papermill and the grader need. The reference passes and says what."""
+    from checkers.test_halving_doubling import halving_elements, halving_reduce_scatter
+    from utils.checkers.feedback import TRY_NEXT
+    from utils.checkers.halving_reduce_scatter import HINTS, check_halving_reduce_scatter
+
+    ns = dict(check=check_halving_reduce_scatter, wrong=halving_elements, right=halving_reduce_scatter)
+    result, shown = shown_in_ipython("check(wrong, world_sizes=(4,), timeout=30)", ns)
+    err = result.error_in_exec
+    assert isinstance(err, LabCheckFailed) and err.mistake == "halved_elements", shown
+    assert set(err.evidence) == {"rank", "index", "got", "expected"}, err.evidence
+    flat = " ".join(shown.split())
+    assert "Not yet: halved_elements" in shown and "world_size=4" in shown, shown
+    evidence = (f"rank {err.evidence['rank']} · index {err.evidence['index']} · got {err.evidence['got']} · "
+                f"expected {err.evidence['expected']}")
+    assert evidence in flat and " ".join(HINTS["halved_elements"].split()) in flat and TRY_NEXT in flat, shown
+    assert "Traceback" not in shown and "utils/checkers" not in shown and "raise LabCheckFailed" not in shown, shown
+    assert "skipping hidden" not in shown and 'File "' not in shown, shown
+
+    result, shown = shown_in_ipython("print(check(right, world_sizes=(2,), timeout=30))", ns)
+    assert result.success, shown
+    assert shown.startswith("PASSED: halving_reduce_scatter\n  - world_size=2: every case's chunk v on rank v equals "
+                            "dist.all_reduce's"), shown
+    assert "(p-1)/p = 0.5000" in shown and "only to v XOR d, d = 1 first" in shown, shown
+
+
+def test_papermill_still_fails_a_run_on_a_rejected_answer_and_shows_the_panel(tmp_path):
+    """The panel changes only the display: the cell's ``error`` output still fails papermill's run (as it fails
+    the test suite and ``make course``), with the exception's name and message, and the panel as its traceback."""
+    import nbformat
+    import papermill
+
+    from utils.course.notebook_runner import ROOT
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(
+        "from utils.checkers.common import LabCheckFailed\n"
+        "raise LabCheckFailed('averaged', 'rank 1 is wrong', 'do not divide', 4, dict(rank=1, got=0.5, expected=2))")]
+    nbformat.write(nb, tmp_path / "in.ipynb")
+    with pytest.raises(papermill.PapermillExecutionError) as failure:
+        papermill.execute_notebook(tmp_path / "in.ipynb", tmp_path / "out.ipynb", cwd=str(ROOT), kernel_name="python3",
+                                   progress_bar=False)
+    assert failure.value.ename == "LabCheckFailed" and failure.value.evalue.startswith("Not yet (world_size=4)")
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(failure.value.traceback))
+    assert "Not yet: averaged" in shown and "world_size=4 · rank 1 · got 0.5 · expected 2" in shown, shown
+    assert "do not divide" in shown and "Traceback" not in shown and 'File "' not in shown, shown

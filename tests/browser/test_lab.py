@@ -13,11 +13,16 @@ workspaces in a temporary folder), then, as a learner would, with the menus, the
    calculator, checks it shows the next cell's number (7.5 B, 1.88 GB) and labelled controls, picks
    another ZeRO stage and moves the parameter slider, and sees the numbers change;
 3. lesson 06 (likewise): runs up to the schedule explorer, checks its labels are whole and its picture
-   is not stretched, moves the micro-batch slider and sees the picture change.
+   is not stretched, moves the micro-batch slider and sees the picture change;
+4. lab 01a, a learner's journey: types a wrong answer that falls into the lab's first trap, runs the check and
+   sees the feedback panel name that trap (`halved_elements`), its evidence and hint, and no checker frame;
+   types a right answer and sees the check pass and say what it checked. Both answers are made at test time
+   from the reference solution in labs/solutions/, so no file a learner opens holds the lab's answer.
 
 Screenshots go to build/browser/. The notebooks on disk are checked unchanged afterwards.
 """
 
+import inspect
 import json
 import os
 import re
@@ -26,6 +31,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -43,6 +49,7 @@ if not Path(CHROMIUM).is_file():
                 "use another)", allow_module_level=True)
 pytestmark = pytest.mark.browser
 RUN_TIMEOUT_S = 600  # a whole lesson's cells above a widget, with SMOKE = True, on a loaded 2-core machine
+CHECK_TIMEOUT_S = 240  # lab 01a's cells up to its check, and the check on 2 and 4 ranks: ~30 s on 2 cores
 
 
 def free_port():
@@ -150,7 +157,9 @@ def run_up_to(page, cell, smoke=False):
 def test_lesson_00_ranks_cell_prints_every_rank(browser, lab):
     page = open_notebook(browser, lab, "notebooks/00_start_here.ipynb")
     cell = cell_with(page, "%%ranks")
-    world_size = int(re.search(r"WORLD_SIZE = (\d+)", cell_with(page, "WORLD_SIZE =").inner_text()).group(1))
+    # text_content, not inner_text: innerText depends on layout, and JupyterLab skips rendering the cells out of
+    # view (content-visibility); once, with this test run first, it came back without "WORLD_SIZE = 4"
+    world_size = int(re.search(r"WORLD_SIZE = (\d+)", cell_with(page, "WORLD_SIZE =").text_content()).group(1))
     run_up_to(page, cell)
     out = cell.locator(".jp-OutputArea")
     out.scroll_into_view_if_needed()
@@ -216,4 +225,78 @@ def test_lesson_06_schedule_explorer_reacts(browser, lab):
     page.wait_for_timeout(500)
     widget.screenshot(path=SHOTS / "06_explorer_moved.png")
     page.screenshot(path=SHOTS / "06_explorer_page.png")
+    page.close()
+
+
+def type_into(page, cell, text):
+    """Replace the code of ``cell`` with ``text``, as a paste: no auto-indent or closing brackets added."""
+    cell.locator(".cm-content").click()
+    page.keyboard.press("Control+A")
+    page.keyboard.insert_text(text)
+    page.keyboard.press("Escape")
+
+
+def run_from(page, first, last):
+    """Run the cells from index ``first`` to ``last`` with Shift+Enter, as a learner would; don't wait."""
+    page.locator(".jp-NotebookPanel .jp-Cell").nth(first).locator(".jp-InputPrompt").click()
+    for _ in range(last - first + 1):
+        page.keyboard.press("Shift+Enter")
+
+
+def lab01a_answers():
+    """(wrong, right) sources of lab 01a's ``halving_reduce_scatter``, made from the reference solution now.
+
+    The wrong one takes chunk offsets k * numel // p instead of ``chunk_bounds``: on 2 and 4 ranks that cuts
+    exactly where halving the elements does, the lab's first trap (the checker's hint for it says so)."""
+    sys.path.insert(0, str(ROOT / "labs"))
+    try:
+        from solutions import halving_doubling
+    finally:
+        sys.path.remove(str(ROOT / "labs"))
+    right = "from utils.comm.p2p import sendrecv\n\n\n" + inspect.getsource(halving_doubling.halving_reduce_scatter)
+    wrong = right
+    for line, trap in (("bounds = chunk_bounds(flat.numel(), p)",
+                        "bounds = [k * flat.numel() // p for k in range(p + 1)]"),
+                       ("scratch = torch.empty_like(flat[: bounds[p // 2]])", "scratch = torch.empty_like(flat)")):
+        assert line in wrong, f"the reference no longer has {line!r}: update the planted trap"
+        wrong = wrong.replace(line, trap)  # its own offsets, and a buffer large enough for any half
+    return wrong, right
+
+
+def test_lab_01a_check_names_the_first_trap_then_passes(browser, lab):
+    wrong, right = lab01a_answers()
+    page = open_notebook(browser, lab, "labs/01a_halving_reduce_scatter_lab.ipynb")
+    index = "c => [...document.querySelectorAll('.jp-NotebookPanel .jp-Cell')].indexOf(c)"
+    at = {name: cell_with(page, text).evaluate(index) for name, text in
+          (("answer", "## YOUR CODE"), ("check", "check_halving_reduce_scatter("))}
+    # by position from now on: JupyterLab may not keep the text of a cell out of view in the page
+    answer, check = (page.locator(".jp-NotebookPanel .jp-Cell").nth(at[name]) for name in ("answer", "check"))
+    type_into(page, answer, wrong)
+    run_from(page, 0, at["check"])  # every cell, the check last
+    # the panel, not any other stderr output of the cell (a warning): a locator that matches two is an error
+    panel = check.locator("[data-mime-type='application/vnd.jupyter.stderr']").filter(has_text="Not yet")
+    try:
+        panel.wait_for(timeout=CHECK_TIMEOUT_S * 1000)
+    except playwright_api.Error:
+        page.screenshot(path=SHOTS / "failed_lab01a.png")
+        raise
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=RUN_TIMEOUT_S * 1000)
+    check.scroll_into_view_if_needed()
+    check.screenshot(path=SHOTS / "lab01a-panel.png")
+    text = panel.inner_text()
+    flat = " ".join(text.split())
+    assert "Not yet: halved_elements" in text and "the lab's first trap" in flat, text
+    assert "world_size=4 · rank" in flat and "try next" in text, text
+    assert "Traceback" not in text and "utils/checkers" not in text and "skipping hidden" not in text, text
+    assert "PASSED" not in check.inner_text(), "the check cell failed, yet its output says PASSED"
+
+    type_into(page, answer, right)
+    run_from(page, at["answer"], at["check"])
+    wait_idle(page)
+    out = check.locator(".jp-OutputArea")
+    check.scroll_into_view_if_needed()
+    check.screenshot(path=SHOTS / "lab01a-pass.png")
+    text = out.inner_text()
+    assert "PASSED: halving_reduce_scatter" in text and "world_size=4: every case's chunk v on rank v" in text, text
+    assert "Not yet" not in text, text
     page.close()

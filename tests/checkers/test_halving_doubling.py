@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from torch.distributed import irecv as early_irecv, isend as early_isend  # before any ledger
 
-from lab_grading import expect_raised, expect_rejection
+from lab_grading import expect_panel, expect_raised, expect_rejection
 from utils.course.notebook_runner import ROOT
 from utils.comm.p2p import sendrecv
 from utils.comm.subgroup import chunk_bounds
@@ -442,3 +442,36 @@ def halving_with_early_names(tensor):
 def test_a_right_answer_with_names_imported_before_the_checker_passes():
     """The ledger and the peer log count at the process group, where an early-imported isend arrives too."""
     check_halving_reduce_scatter(halving_with_early_names, world_sizes=(2,))
+
+
+# ------------------------------------------------------------------ a crash and a hang, as the panel shows them
+
+def halving_exits_on_rank_1(tensor):
+    if dist.get_rank() == 1:
+        sys.exit(3)  # planted: the rank ends without a Python error the checker can catch
+    return halving_reduce_scatter(tensor)
+
+
+def halving_one_side_waits(tensor):
+    if dist.get_rank() == 0:
+        dist.recv(tensor, src=1)  # planted: rank 1 never sends; it leaves the answer and waits in the checker
+    return tensor
+
+
+def test_a_rank_that_exits_is_a_crash_shown_with_the_answers_line_only():
+    rejected = expect_rejection(check_halving_reduce_scatter, halving_exits_on_rank_1, world_sizes=(2,), timeout=30,
+                                mistake="crash", phrase="rank 1 crashed")
+    shown = expect_panel(rejected)
+    assert "sys.exit(3)  # planted" in rejected.what and "utils/checkers" not in rejected.what, rejected.what
+    assert "on_rank, line" not in shown and "halving_doubling.py" not in shown, shown
+
+
+def test_a_hang_names_the_answers_line_and_a_rank_waiting_outside_it():
+    rejected = expect_rejection(check_halving_reduce_scatter, halving_one_side_waits, world_sizes=(2,), timeout=10,
+                                mistake="deadlock", phrase="were stopped")
+    what = rejected.what.splitlines()
+    assert "rank 0: halving_one_side_waits, line" in rejected.what, rejected.what
+    assert "dist.recv(tensor, src=1)  # planted" in rejected.what, rejected.what
+    rank_1 = next(line for line in what if line.startswith("rank 1: "))
+    assert rank_1.startswith("rank 1: outside your code, waiting in torch's "), rejected.what
+    assert "File" not in rank_1 and "utils/" not in rank_1, rank_1

@@ -187,6 +187,33 @@ def test_each_lab_shows_and_grades_its_own_three_programs(lab):
     assert "BUG_KINDS" in code and "DIAGNOSES[k] for k in" in code
 
 
+@pytest.mark.parametrize("lab", sorted(LABS))
+def test_each_labs_grading_cell_prints_the_panel_of_a_failed_program(lab, capsys):
+    """The grading cell catches each program's failure to grade the others too: it prints the panel a failed check
+    shows (the mistake's name, what the checker saw, the hint), not only the message, and the cell still fails."""
+    from lab_grading import expect_panel
+    from utils.checkers.feedback import verdict
+
+    path = next((ROOT / "labs").glob(f"{lab}_*_lab.ipynb"))
+    cells = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    cell = next(c for c in cells if "not_yet = {}" in c)
+    programs = LABS[lab]
+    wrong = {p: "not a kind" for p in programs}
+
+    def rejecting(name, diagnosis, fixed, **_):
+        check_diagnosis(name, diagnosis)
+
+    names = {f"diagnosis_{p}": wrong[p] for p in programs} | {f"fixed_{p}": None for p in programs}
+    with pytest.raises(AssertionError, match="not yet right"):
+        exec(cell, dict(names, check_fix=rejecting, verdict=verdict, CHECK_SIZES=(2,), FIX_TIMEOUT=1))
+    printed = capsys.readouterr().out
+    with pytest.raises(AssertionError) as failure:
+        check_diagnosis(programs[0], "not a kind")
+    assert verdict(failure.value) in printed, printed
+    assert expect_panel(failure.value).splitlines()[1] == "✗ Not yet: not_a_kind"
+    assert printed.count("✗ Not yet: not_a_kind") == len(programs), printed
+
+
 def test_wrong_diagnosis_is_rejected_with_what_the_report_shows():
     expect_rejection(check_fix, "C", "skipped", reference.fixed_C, mistake="wrong_diagnosis",
                      phrase="rank by rank, the calls")

@@ -2,6 +2,8 @@
 
 - ``common``: how every lab grades an answer: ``LabCheckFailed`` (a named mistake and its hint),
   ``CheckResult``, ``fail``, the answer run on ranks with its errors brought back, one set of tolerances.
+- ``feedback``: how a rejected answer shows in a notebook: a panel (the mistake's name, the evidence, the hint,
+  what to try next) instead of a traceback through checker code (``LabCheckFailed._render_traceback_``).
 - ``harness``: every call into learner code, in the kernel (``learner_call``) and in the ranks (``caught``): what
   the answer raises is the mistake ``raised``, with the answer's own line.
 - ``watch``: the watcher of forbidden calls (``watched_call``, ``Watcher``), on every thread, refusing an answer

@@ -21,12 +21,15 @@ hang usually means in that lab.
 """
 
 import dataclasses
+import linecache
+import re
 
 import torch
 
 from ..launch import RankError, RankTimeoutError, run_ranks
+from ..launch.report import FRAME
 from .harness import (GENERIC_HINT, RAISED_HINT, LabCheckFailed, answer_line, caught,  # noqa: F401
-                      first_error, learner_call, raise_if_error)
+                      first_error, is_learners, learner_call, raise_if_error)
 from .watch import TAMPER_HINT, watched_call  # noqa: F401 - every checker imports the harness from here
 
 # One set of tolerances for every checker. float32 sums taken in another order (shard means, then over
@@ -59,12 +62,42 @@ def launch_answer(fn, args, world_size, timeout, name, hang_hint):
     try:
         return run_ranks(fn, *args, world_size=world_size, timeout=timeout, verbose=False)
     except RankTimeoutError as err:
-        stuck = {r: s.strip().splitlines()[-1].strip() for r, s in err.stacks.items() if s != "finished normally"}
+        stuck = "\n".join(f"rank {r}: {stuck_at(s)}" for r, s in sorted(err.stacks.items())
+                          if s != "finished normally")
         raise LabCheckFailed("deadlock", f"the ranks were still running after {timeout:g} s and were stopped; "
-                             f"last line of each stuck rank: {stuck}", hang_hint, world_size) from None
+                             f"where each stuck rank waited:\n{stuck}", hang_hint, world_size) from None
     except RankError as err:
-        raise LabCheckFailed("crash", f"rank {err.rank} crashed:\n{err}", f"{name} must run on every rank without "
-                             "error; read the traceback above.", world_size) from None
+        raise LabCheckFailed("crash", crashed(err), f"{name} must run on every rank without error; the lines "
+                             "above are where it stopped in your code.", world_size) from None
+
+
+# a frame in a Python traceback ('File "f", line 3, in fn') or a faulthandler stack ('File "f", line 3 in fn')
+ANY_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+),? in (?P<fn>\S+)')
+
+
+def _frame_text(frame):
+    source = linecache.getline(frame["file"], int(frame["line"])).strip()
+    return f"{frame['fn']}, line {frame['line']}" + (f": {source}" if source else "")
+
+
+def crashed(err):
+    """What a ``RankError`` says to a learner: the first failed rank, its error, and the frames of its traceback in
+    the learner's code only (innermost last); no checker, launcher or torch frame."""
+    report = err.reports.get(err.rank) or {}
+    head = f"rank {err.rank} crashed: {report.get('type', 'error')}: {report.get('message', err)}"
+    mine = [_frame_text(f) for f in ANY_FRAME.finditer(report.get("traceback", "")) if is_learners(f["file"])]
+    return "\n".join([head] + (mine or ["outside your code"]))
+
+
+def stuck_at(stack):
+    """"fn, line N: source" of the deepest frame of a hung rank's stack (faulthandler's, most recent call first)
+    in the learner's code; when none is, "outside your code, waiting in" the innermost torch call."""
+    frames = list(FRAME.finditer(stack))
+    mine = next((f for f in frames if is_learners(f["file"])), None)
+    if mine is not None:
+        return _frame_text(mine)
+    torch_call = next((f for f in frames if "/torch/" in f["file"]), None)
+    return "outside your code, waiting in " + (f"torch's {torch_call['fn']}" if torch_call else "a call of the course")
 
 
 def close(a, b, tolerance):

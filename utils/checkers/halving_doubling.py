@@ -242,7 +242,8 @@ def wrong_at(n, label, numel, mistake, hints, rank, got, exp, what="the sum of t
     bad = (got != exp).nonzero().flatten()
     raise LabCheckFailed(mistake, f"{label}: rank {rank} is wrong at {bad.numel()} of {got.numel()} elements, first "
                          f"at index {bad[0].item()}: got {got[bad[0]].item()}, expected {exp[bad[0]].item()} ({what}).",
-                         hints[mistake], n)
+                         hints[mistake], n, dict(rank=rank, index=bad[0].item(), got=got[bad[0]].item(),
+                                                 expected=exp[bad[0]].item()))
 
 
 def check_partners(n, what, ranks, partners, hints, only=None):

@@ -191,7 +191,7 @@ def check_halving_reduce_scatter(fn, world_sizes=(2, 4), timeout=20.0):
                 detail = str(there).split("\n")[0].split(": ", 1)[-1]
                 raise LabCheckFailed(there.mistake, f"on {err.world_size} ranks {' and '.join(err.fits)} look "
                                      f"alike; on {there.world_size} ranks only {there.mistake} fits: {detail}",
-                                     there.hint, there.world_size) from None
+                                     there.hint, there.world_size, there.evidence) from None
         raise
     lines = []
     for n, ranks in last.items():

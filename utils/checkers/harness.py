@@ -42,12 +42,22 @@ _NOT_THE_LEARNERS = tuple({_UTILS, os.path.dirname(os.path.abspath(torch.__file_
 
 
 class LabCheckFailed(AssertionError):
-    """A lab answer was rejected. ``.mistake``: a short key (e.g. "averaged"); ``.hint``: the fix."""
+    """A lab answer was rejected. ``.mistake``: a short key (e.g. "averaged"); ``.what``: what the checker saw;
+    ``.hint``: the fix; ``.evidence``: what it measured, by name (rank, index, got, expected), when it has that.
 
-    def __init__(self, mistake, what, hint, world_size=None):
+    In a notebook it shows as a panel, not a traceback (``_render_traceback_``, ``utils.checkers.feedback``);
+    ``str()`` stays the plain message, for the grader and the tests."""
+
+    def __init__(self, mistake, what, hint, world_size=None, evidence=None):
         where = f" (world_size={world_size})" if world_size else ""
         super().__init__(f"Not yet{where}: {what}\nHint: {hint}")
-        self.mistake, self.hint, self.world_size = mistake, hint, world_size
+        self.mistake, self.what, self.hint, self.world_size = mistake, what, hint, world_size
+        self.evidence = dict(evidence or {})
+
+    def _render_traceback_(self):
+        """What IPython shows instead of the traceback: the verdict as a panel (``feedback.panel_lines``)."""
+        from .feedback import panel_lines  # feedback imports nothing of the harness: no cycle, only the display
+        return panel_lines(self)
 
 
 def is_learners(filename):
