@@ -1,9 +1,11 @@
-"""TEACHING.md is what utils/course/teaching_guide.py writes from the notebooks' measured minutes, and its schedules
-fit."""
+"""TEACHING.md is what utils/course/teaching_guide.py writes from the notebooks' measured minutes; its schedules
+keep every rule of utils/course/schedules.py, and each notebook's prerequisites agree with its text."""
+
+import json
 
 import pytest
 
-from utils.course import minutes, teaching_guide
+from utils.course import minutes, prerequisites, schedules, teaching_guide
 
 
 def test_the_guide_is_current():
@@ -19,11 +21,81 @@ def test_every_lesson_has_teaching_notes_and_every_lab_its_mistakes():
     assert set(teaching_guide.NOTES) <= {p.stem for p in minutes.notebooks()}, "notes for a notebook that is gone"
 
 
-def test_each_schedule_fits_its_days():
-    rows = {p.stem: teaching_guide.row(p, minutes.load_data()) for p in minutes.notebooks()}
-    for days in teaching_guide.SCHEDULES.values():
-        for day in days:
-            slots, need, capacity = teaching_guide.lay_out(day, rows)
-            assert need <= capacity and slots[0][1] == "09:00" and slots[-1][2] <= "17:00"
-    with pytest.raises(ValueError, match="over the day's 360 min"):
-        teaching_guide.lay_out(["03_zero_from_scratch"] * 5, rows)
+@pytest.fixture(scope="module")
+def course():
+    """(minutes, prerequisites) of every notebook, stem -> value."""
+    paths = minutes.notebooks()
+    data = minutes.load_data()
+    return ({p.stem: teaching_guide.row(p, data)["minutes"] for p in paths},
+            {p.stem: prerequisites.declared(p) for p in paths})
+
+
+def test_prerequisites_agree_with_each_notebooks_text():
+    known = prerequisites.stems()
+    assert [m for p in known.values() for m in prerequisites.disagreements(p, known)] == []
+
+
+def test_prerequisites_that_disagree_with_the_text_are_caught(tmp_path):
+    known = prerequisites.stems()
+    nb = json.loads(known["09a_3d_mesh"].read_text())
+    (tmp_path / "notebooks").mkdir()
+    planted = tmp_path / "notebooks" / "09a_3d_mesh.ipynb"
+    nb["metadata"]["course"]["prerequisites"].remove("05b_dtensor_and_sequence_parallelism")
+    planted.write_text(json.dumps(nb))
+    assert any("names 05b_dtensor_and_sequence_parallelism" in m for m in prerequisites.disagreements(planted, known))
+    nb["metadata"]["course"]["prerequisites"] += ["05b_dtensor_and_sequence_parallelism", "07a_deepspeed_config"]
+    planted.write_text(json.dumps(nb))
+    assert [m for m in prerequisites.disagreements(planted, known) if "never names lesson 07" in m]
+
+
+def test_each_plan_keeps_every_rule(course):
+    minutes_of, needs = course
+    for title, plan in schedules.PLANS.items():
+        slots = schedules.lay_out(plan, minutes_of)
+        assert schedules.problems(slots, minutes_of, needs) == [], title
+        assert [s.stem for s in slots] == [s for day in plan for s in day], f"{title}: a notebook dropped or moved"
+        for day in range(len(plan)):
+            for block in range(len(schedules.BLOCKS)):
+                used = sum(s.end - s.start for s in slots if (s.day, s.block) == (day, block))
+                length = schedules.minute(schedules.BLOCKS[block][1]) - schedules.opening(day, block)
+                assert used <= 0.85 * length, f"{title}, day {day + 1}: {used} of {length} min, under 15% slack"
+    assert schedules.opening(0, 0) - schedules.minute(schedules.BLOCKS[0][0]) == schedules.SETUP > 0
+
+
+def test_a_schedule_breaking_each_rule_fails(course):
+    minutes_of, needs = course
+    good = schedules.lay_out(schedules.PLANS["two days: collectives and data parallelism"], minutes_of)
+    assert schedules.problems(good, minutes_of, needs) == []
+
+    def broken(slots):
+        return " ".join(schedules.problems(slots, minutes_of, needs))
+
+    no_ring = [s for s in good if s.stem != "01b_ring_all_reduce"]  # 02a and lab 01a need it
+    assert "02a_ddp_from_scratch at 09:00 needs 01b_ring_all_reduce" in broken(no_ring)
+    swapped = [s._replace(day=1 - s.day) if s.stem.startswith("01b") else s for s in good]  # 01b on day 2
+    assert "needs 01b_ring_all_reduce" in broken(swapped)
+    late = [s._replace(start=s.start + 50, end=s.end + 50) if s.stem == "02a_ddp_from_scratch" else s for s in good]
+    assert "runs outside its block" in broken(late)  # 02a across the 11:00 break
+    early = [s._replace(start=s.start - 30, end=s.end - 30) if s.stem == "00_start_here" else s for s in good]
+    assert "00_start_here 09:00-10:05 runs outside its block" in broken(early)  # into day 1's set-up
+    a, b = [s for s in good if s.day == 1 and s.block in (0, 1)]  # 02a and 02b in one block: past its slack
+    crowded = [s._replace(block=0, start=a.end, end=a.end + (s.end - s.start)) if s == b else s for s in good]
+    assert "over its 102 (15% slack kept)" in broken(crowded)
+    lab = [s._replace(day=1, block=3) if s.stem.endswith("halving_reduce_scatter_lab") else s for s in good]
+    assert "01a_halving_reduce_scatter_lab is not on the day of its lesson" in broken(lab)
+    short = [s._replace(end=s.end - 5) if s.stem == "02_ddp_lab" else s for s in good]
+    assert "02_ddp_lab is given 85 min, not its 90" in broken(short)  # its review dropped
+    with pytest.raises(ValueError, match="fits in no block left"):
+        schedules.lay_out([["03_zero_from_scratch"] * 5], minutes_of)
+
+
+def test_the_guide_names_what_each_plan_leaves_out(course):
+    minutes_of, _ = course
+    text = teaching_guide.GUIDE.read_text()
+    stems = [p.stem for p in minutes.notebooks()]
+    for title, plan in schedules.PLANS.items():
+        section = text.split(f"### {title[0].upper()}{title[1:]}")[1].split("###")[0]
+        gone = schedules.left_out(plan, stems)
+        assert gone and all(f"\n- {s}: " in section for s in gone), title
+    whole = sum(schedules.planned(s, minutes_of) for s in stems)
+    assert whole > schedules.capacity(3) and f"is {len(stems)} notebooks and {whole} minutes" in text

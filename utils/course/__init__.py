@@ -8,7 +8,9 @@ Each module runs as ``python -m utils.course.NAME`` (``make`` targets in bracket
 - ``early_errors``: the first cells of many notebooks in one Python, for the suite's check that an unsupported
   ``WORLD_SIZE`` fails at once.
 - ``minutes``: each notebook's stated minutes from its text and ``run_minutes.json``, the measured run times
-  (``make minutes``); ``teaching_guide`` writes TEACHING.md from them (``make guide``).
+  (``make minutes``); ``teaching_guide`` writes TEACHING.md from them (``make guide``), its workshop plans from
+  ``schedules`` (blocks between breaks, set-up, slack, each lab on its lesson's day) and ``prerequisites`` (each
+  notebook's ``metadata.course.prerequisites``, checked against its **You need** text).
 - ``claims``: every sentence about what a library does carries a pointer into that library's source, checked.
 - ``shown_source``: the utils functions each notebook prints as source, listed in ``shown_source.json`` (``make
   shown``); ``changes``: the notebooks a change touches (``make test-quick``).

@@ -71,23 +71,6 @@ def disagreements(path, known=None):
     return out
 
 
-def closure(stem, known=None):
-    """Every notebook ``stem`` needs, directly or through another (raises on a cycle)."""
-    known = known or stems()
-    seen = set()
-
-    def visit(s, trail):
-        for p in declared(known[s]):
-            if p in trail:
-                raise ValueError(f"prerequisites go round in a circle: {' -> '.join(trail + [p])}")
-            if p not in seen:
-                seen.add(p)
-                visit(p, trail + [p])
-
-    visit(stem, [stem])
-    return seen
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="exit 1 where the metadata and the text disagree")

@@ -1,0 +1,164 @@
+"""Workshop schedules a day can hold: each plan's lessons and labs packed into fixed blocks between breaks, with
+set-up time on day 1, slack in every block, no notebook split by a break, every notebook after its prerequisites
+(utils/course/prerequisites.py) and every lab on the day of its lesson, followed by minutes to go over it.
+TEACHING.md's schedules are written from here (utils/course/teaching_guide.py); tests/test_course_teaching_guide.py
+checks every plan with ``problems`` and plants a schedule that breaks each rule.
+
+The packing is deliberately plain: a plan says which notebooks each day holds, in order; each goes into the
+day's first block that still has room for all of it, never split, never reordered.
+"""
+
+import math
+from collections import namedtuple
+
+# A teaching day, 09:00-17:30: four blocks; between them a 15-minute break, lunch (12:45-13:45), a 15-minute break.
+# The long blocks hold what a short one cannot: a 90-minute lesson, or a lab with its review.
+BLOCKS = [("09:00", "11:00"), ("11:15", "12:45"), ("13:45", "15:45"), ("16:00", "17:30")]
+SETUP = 30     # minutes at the start of day 1: logins, introductions, `make preflight` on the room's machine
+SLACK = 0.15   # of every block left unplanned: questions, a slow machine, the instructor's own talk
+REVIEW = 10    # minutes after each lab to go over it together (its checker's usual mistakes: the guide lists them)
+
+# Each plan: the notebooks of each day, in order. A lab follows its lesson on the same day.
+DAY_1 = ["00_start_here", "01a_point_to_point_and_collectives", "01b_ring_all_reduce", "01a_halving_reduce_scatter_lab"]
+DDP = ["02a_ddp_from_scratch", "02b_ddp_in_practice", "02_ddp_lab", "11b_hangs_and_profiles"]
+PLANS = {
+    "one day: collectives from scratch": [DAY_1],
+    "two days: collectives and data parallelism": [DAY_1, DDP],
+    "three days: collectives, data parallelism and ZeRO": [
+        DAY_1, DDP,
+        ["03_zero_from_scratch", "04a_fsdp2_zero_redundancy", "03_zero_lab", "04b_dtensor_meta_checkpoints"]],
+}
+
+
+Slot = namedtuple("Slot", "stem day block start end")  # start and end in minutes after midnight
+
+
+def minute(hhmm):
+    h, m = map(int, hhmm.split(":"))
+    return 60 * h + m
+
+
+def clock(minutes):
+    return f"{minutes // 60:02d}:{minutes % 60:02d}"
+
+
+def is_lab(stem):
+    return stem.endswith("_lab")
+
+
+def planned(stem, minutes_of):
+    """A notebook's minutes in a schedule: its measured minutes, and REVIEW more for a lab."""
+    return minutes_of[stem] + (REVIEW if is_lab(stem) else 0)
+
+
+def opening(day, block):
+    """The first minute of a block that can be planned: after the set-up on day 1's first block."""
+    return minute(BLOCKS[block][0]) + (SETUP if (day, block) == (0, 0) else 0)
+
+
+def room(day, block):
+    """Minutes a block may plan: what is left after set-up, less its slack (rounded down)."""
+    return math.floor((minute(BLOCKS[block][1]) - opening(day, block)) * (1 - SLACK))
+
+
+def lay_out(plan, minutes_of):
+    """The plan's slots, day by day; raises ValueError naming the notebook that a day cannot hold."""
+    slots = []
+    for day, stems in enumerate(plan):
+        block, used = 0, 0
+        for stem in stems:
+            need = planned(stem, minutes_of)
+            while block < len(BLOCKS) and used + need > room(day, block):
+                block, used = block + 1, 0
+            if block == len(BLOCKS):
+                rooms = ", ".join(str(room(day, b)) for b in range(len(BLOCKS)))
+                raise ValueError(f"day {day + 1}: {stem} ({need} min) fits in no block left (blocks plan at most "
+                                 f"{rooms} min with {SLACK:.0%} slack); move it to another day or drop it")
+            start = opening(day, block) + used
+            slots.append(Slot(stem, day, block, start, start + need))
+            used += need
+    return slots
+
+
+def problems(slots, minutes_of, prerequisites):
+    """Every rule a schedule breaks, one sentence each ([] for a good one). ``prerequisites``: stem -> stems."""
+    out = []
+    for s in slots:
+        if s.end - s.start != planned(s.stem, minutes_of):
+            out.append(f"{s.stem} is given {s.end - s.start} min, not its {planned(s.stem, minutes_of)}")
+        if not opening(s.day, s.block) <= s.start < s.end <= minute(BLOCKS[s.block][1]):
+            out.append(f"day {s.day + 1}: {s.stem} {clock(s.start)}-{clock(s.end)} runs outside its block "
+                       f"{'-'.join(BLOCKS[s.block])} (across a break, or into the set-up)")
+        before = [t for t in slots if (t.day, t.end) <= (s.day, s.start)]
+        for p in prerequisites[s.stem]:
+            if p not in {t.stem for t in before}:
+                out.append(f"day {s.day + 1}: {s.stem} at {clock(s.start)} needs {p}, which is not scheduled before it")
+        if is_lab(s.stem) and before:
+            lessons = [t for t in before if t.stem in prerequisites[s.stem]]
+            if lessons and max(lessons, key=lambda t: (t.day, t.end)).day != s.day:
+                out.append(f"day {s.day + 1}: {s.stem} is not on the day of its lesson "
+                           f"{max(lessons, key=lambda t: (t.day, t.end)).stem}")
+    blocks = {(s.day, s.block) for s in slots}
+    for day, block in sorted(blocks):
+        used = sum(s.end - s.start for s in slots if (s.day, s.block) == (day, block))
+        if used > room(day, block):
+            out.append(f"day {day + 1}, block {'-'.join(BLOCKS[block])}: {used} min planned, over its "
+                       f"{room(day, block)} ({SLACK:.0%} slack kept)")
+    return out
+
+
+def left_out(plan, stems):
+    """The notebooks (of ``stems``, in course order) that a plan does not schedule."""
+    kept = {s for day in plan for s in day}
+    return [s for s in stems if s not in kept]
+
+
+def capacity(days):
+    """Minutes that ``days`` days can plan at these rules (set-up and slack taken off)."""
+    return sum(room(d, b) for d in range(days) for b in range(len(BLOCKS)))
+
+
+def days_for(total):
+    """The fewest days whose planned minutes reach ``total`` (a lower bound: packing may need more)."""
+    days = 1
+    while capacity(days) < total:
+        days += 1
+    return days
+
+
+def markdown(minutes_of, prerequisites, titles):
+    """TEACHING.md's schedules section (a list of lines). ``titles``: stem -> the notebook's title."""
+    stems = list(titles)
+    whole = sum(planned(s, minutes_of) for s in stems)
+    lines = ["## Schedules", "",
+             "A day runs 09:00-17:30 in four blocks, " + ", ".join("-".join(b) for b in BLOCKS) +
+             " (15-minute breaks, an hour for lunch). Day 1 starts with "
+             f"{SETUP} minutes of set-up (logins, introductions, `make preflight`). Every block keeps {SLACK:.0%} of "
+             "its time unplanned for questions and the instructor's own talk; no notebook runs across a break; every "
+             "notebook comes after the lessons it needs (its **You need**, kept in `metadata.course.prerequisites`); "
+             f"each lab is on the day of its lesson, with {REVIEW} minutes after it to go over it together "
+             "(`make grade`). Times are the notebooks' measured minutes, exercises included.", "",
+             f"The whole course is {len(stems)} notebooks and {whole} minutes (labs' reviews included); three days "
+             f"at these rules plan {capacity(3)} minutes, so it "
+             + ("fits in three days." if whole <= capacity(3) else
+                f"does not fit: it needs at least {days_for(whole)} days at these rules (day 1 plans {capacity(1)} "
+                f"minutes, each later day {capacity(2) - capacity(1)}). Each plan below names what it leaves out."), ""]
+    for title, plan in PLANS.items():
+        slots = lay_out(plan, minutes_of)
+        if broken := problems(slots, minutes_of, prerequisites):
+            raise ValueError(f"the plan '{title}' breaks the rules: " + "; ".join(broken))
+        lines += [f"### {title[0].upper()}{title[1:]}", ""]
+        for day in range(len(plan)):
+            mine = [s for s in slots if s.day == day]
+            lines += [f"Day {day + 1} ({sum(s.end - s.start for s in mine)} minutes planned of "
+                      f"{capacity(day + 1) - capacity(day)} the day can hold):", "",
+                      "| from | to | notebook | minutes |", "| --- | --- | --- | --- |"]
+            lines += [f"| {clock(s.start)} | {clock(s.end)} | {s.stem} | {minutes_of[s.stem]}"
+                      f"{f' + {REVIEW} to go over it' if is_lab(s.stem) else ''} |" for s in mine]
+            lines.append("")
+        gone = left_out(plan, stems)
+        lines += [f"Left out ({len(gone)} notebooks, {sum(minutes_of[s] for s in gone)} minutes; what a learner "
+                  "misses is each one's subject):", ""]
+        lines += [f"- {s}: {titles[s]}" for s in gone]
+        lines.append("")
+    return lines
