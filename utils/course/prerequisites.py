@@ -12,6 +12,7 @@ lesson number (``lesson 05``, ``lessons 03-06`` and ``05b`` all name lesson 05).
 """
 
 import argparse
+import json
 import re
 import sys
 
@@ -37,8 +38,6 @@ def declared(path):
 
 def need_paragraph(path):
     """The first cell's **You need** paragraph (lesson 10 says **What you need**); '' where there is none."""
-    import json
-
     cell = json.loads(path.read_text())["cells"][0]
     found = NEED.search("".join(cell["source"]))
     return found.group(1) if found else ""

@@ -137,7 +137,8 @@ def markdown(minutes_of, prerequisites, titles):
              "its time unplanned for questions and the instructor's own talk; no notebook runs across a break; every "
              "notebook comes after the lessons it needs (its **You need**, kept in `metadata.course.prerequisites`); "
              f"each lab is on the day of its lesson, with {REVIEW} minutes after it to go over it together "
-             "(`make grade`). Times are the notebooks' measured minutes, exercises included.", "",
+             "(`make grade` grades the room's submissions first). Times are the notebooks' measured minutes, "
+             "exercises included.", "",
              f"The whole course is {len(stems)} notebooks and {whole} minutes (labs' reviews included); three days "
              f"at these rules plan {capacity(3)} minutes, so it "
              + ("fits in three days." if whole <= capacity(3) else
