@@ -99,3 +99,22 @@ def test_the_guide_names_what_each_plan_leaves_out(course):
         assert gone and all(f"\n- {s}: " in section for s in gone), title
     whole = sum(schedules.planned(s, minutes_of) for s in stems)
     assert whole > schedules.capacity(3) and f"is {len(stems)} notebooks and {whole} minutes" in text
+
+
+def test_a_lesson_named_only_by_number_must_be_declared(tmp_path):
+    known = prerequisites.stems()
+    nb = json.loads(known["04a_fsdp2_zero_redundancy"].read_text())
+    nb["metadata"]["course"]["prerequisites"] = []
+    (tmp_path / "notebooks").mkdir()
+    planted = tmp_path / "notebooks" / "04a_fsdp2_zero_redundancy.ipynb"
+    planted.write_text(json.dumps(nb))
+    assert any("names lesson 03" in m for m in prerequisites.disagreements(planted, known))
+
+
+def test_what_counts_as_a_lesson_named_and_as_a_sentence():
+    own = "99_planted"
+    assert prerequisites.named("2-6 ranks at a load of about 12, 30-40 minutes.", own) == (set(), set())
+    assert prerequisites.named("lessons 03 (ZeRO's bytes) and 06, notebooks 01-02.", own)[1] == {"01", "02", "03", "06"}
+    # the dot of .ipynb ends no sentence: the "helps" aside below drops lesson 05, never the linked 09a
+    exact, numbers = prerequisites.named("[lesson 09](09a_3d_mesh.ipynb) (the model). Lesson 05 helps.", own)
+    assert (exact, numbers) == ({"09a_3d_mesh"}, {"09"})
