@@ -82,7 +82,16 @@ def test_a_schedule_breaking_each_rule_fails(course):
     crowded = [s._replace(block=0, start=a.end, end=a.end + (s.end - s.start)) if s == b else s for s in good]
     assert "over its 102 (15% slack kept)" in broken(crowded)
     lab = [s._replace(day=1, block=3) if s.stem.endswith("halving_reduce_scatter_lab") else s for s in good]
-    assert "01a_halving_reduce_scatter_lab is not on the day of its lesson" in broken(lab)
+    assert "01a_halving_reduce_scatter_lab at 16:00 is not after its own lesson 01a_point" in broken(lab)
+    # lab 01a's own lesson is 01a: on another day it fails, even with 01b (also a prerequisite) beside the lab
+    apart = [s._replace(day=1) if s.stem.startswith("01b_") or s.stem.endswith("halving_reduce_scatter_lab") else s
+             for s in good]
+    assert "01a_halving_reduce_scatter_lab at" in broken(apart) and "own lesson 01a_point" in broken(apart)
+    twice = good + [good[0]._replace(day=1)]
+    assert "00_start_here is scheduled 2 times" in broken(twice)
+    on_top = [s._replace(block=0, start=a.start + 5, end=a.start + 5 + (s.end - s.start)) if s == b else s
+              for s in good]  # 02b starting 5 minutes into 02a
+    assert "02a_ddp_from_scratch 09:00-" in broken(on_top) and "overlaps 02b_ddp_in_practice 09:05" in broken(on_top)
     short = [s._replace(end=s.end - 5) if s.stem == "02_ddp_lab" else s for s in good]
     assert "02_ddp_lab is given 85 min, not its 90" in broken(short)  # its review dropped
     with pytest.raises(ValueError, match="fits in no block left"):

@@ -1,6 +1,6 @@
 """Workshop schedules a day can hold: each plan's lessons and labs packed into fixed blocks between breaks, with
 set-up time on day 1, slack in every block, no notebook split by a break, every notebook after its prerequisites
-(utils/course/prerequisites.py) and every lab on the day of its lesson, followed by minutes to go over it.
+(utils/course/prerequisites.py) and every lab on the day of its own lesson and after it (the lesson of its number), followed by minutes to go over it.
 TEACHING.md's schedules are written from here (utils/course/teaching_guide.py); tests/test_course_teaching_guide.py
 checks every plan with ``problems`` and plants a schedule that breaks each rule.
 
@@ -9,7 +9,8 @@ day's first block that still has room for all of it, never split, never reordere
 """
 
 import math
-from collections import namedtuple
+from collections import Counter, namedtuple
+from itertools import combinations
 
 # A teaching day, 09:00-17:30: four blocks; between them a 15-minute break, lunch (12:45-13:45), a 15-minute break.
 # The long blocks hold what a short one cannot: a 90-minute lesson, or a lab with its review.
@@ -44,6 +45,18 @@ def clock(minutes):
 
 def is_lab(stem):
     return stem.endswith("_lab")
+
+
+def number(stem):
+    """A notebook's lesson number: ``01a`` of 01a_halving_reduce_scatter_lab, ``02`` of 02_ddp_lab."""
+    return stem.split("_")[0]
+
+
+def own_lessons(lab, needs):
+    """The lessons a lab practises: those of its prerequisites with its number (lab 01a -> lesson 01a; lab 02 ->
+    lesson 02a), else with its number's two digits (lab 11a practises 11b, which it declares)."""
+    return ([p for p in needs if number(p) == number(lab)] or
+            [p for p in needs if number(p)[:2] == number(lab)[:2]])
 
 
 def planned(stem, minutes_of):
@@ -93,11 +106,23 @@ def problems(slots, minutes_of, prerequisites):
         for p in prerequisites[s.stem]:
             if p not in {t.stem for t in before}:
                 out.append(f"day {s.day + 1}: {s.stem} at {clock(s.start)} needs {p}, which is not scheduled before it")
-        if is_lab(s.stem) and before:
-            lessons = [t for t in before if t.stem in prerequisites[s.stem]]
-            if lessons and max(lessons, key=lambda t: (t.day, t.end)).day != s.day:
-                out.append(f"day {s.day + 1}: {s.stem} is not on the day of its lesson "
-                           f"{max(lessons, key=lambda t: (t.day, t.end)).stem}")
+        if is_lab(s.stem):
+            mine = own_lessons(s.stem, prerequisites[s.stem])
+            if not mine:
+                out.append(f"{s.stem}: none of its prerequisites {prerequisites[s.stem]} is a lesson of its number "
+                           f"{number(s.stem)}; declare that lesson")
+            for lesson in mine:
+                at = [t for t in slots if t.stem == lesson]
+                if at and not (at[0].day == s.day and at[0].end <= s.start):
+                    out.append(f"day {s.day + 1}: {s.stem} at {clock(s.start)} is not after its own lesson {lesson} on "
+                               f"the same day (that is on day {at[0].day + 1} at {clock(at[0].start)})")
+    for stem, n in Counter(s.stem for s in slots).items():
+        if n > 1:
+            out.append(f"{stem} is scheduled {n} times; keep it once")
+    for a, b in combinations(slots, 2):
+        if a.day == b.day and a.start < b.end and b.start < a.end:
+            out.append(f"day {a.day + 1}: {a.stem} {clock(a.start)}-{clock(a.end)} overlaps {b.stem} "
+                       f"{clock(b.start)}-{clock(b.end)}")
     blocks = {(s.day, s.block) for s in slots}
     for day, block in sorted(blocks):
         used = sum(s.end - s.start for s in slots if (s.day, s.block) == (day, block))
