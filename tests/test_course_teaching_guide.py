@@ -99,15 +99,46 @@ def test_a_schedule_breaking_each_rule_fails(course):
 
 
 def test_the_guide_names_what_each_plan_leaves_out(course):
-    minutes_of, _ = course
+    minutes_of, needs = course
     text = teaching_guide.GUIDE.read_text()
     stems = [p.stem for p in minutes.notebooks()]
     for title, plan in schedules.PLANS.items():
         section = text.split(f"### {title[0].upper()}{title[1:]}")[1].split("###")[0]
         gone = schedules.left_out(plan, stems)
-        assert gone and all(f"\n- {s}: " in section for s in gone), title
+        assert gone and all(s in section for s in gone), title
+        groups = sorted({s[:2] for s in gone})
+        assert [line.split(",")[0] for line in section.splitlines() if line.startswith("- Lesson ")] == \
+            [f"- Lesson {g}" for g in groups], title
+        for day in range(len(plan)):  # breaks, lunch and the free minutes are rows of every day's table
+            table = section.split(f"Day {day + 1} (")[1].split("\n\n")[1]
+            assert table.count("| break |") == 2 and table.count("| lunch |") == 1 and "| free (" in table, title
     whole = sum(schedules.planned(s, minutes_of) for s in stems)
     assert whole > schedules.capacity(3) and f"is {len(stems)} notebooks and {whole} minutes" in text
+    assert schedules.whole_course_days(stems, minutes_of, needs, whole) in text
+
+
+def test_left_out_lines_say_what_can_be_homework(course):
+    minutes_of, needs = course
+    stems = [p.stem for p in minutes.notebooks()]
+    lines = schedules.left_out_lines([schedules.DAY_1], stems, needs)
+    ddp = next(line for line in lines if line.startswith("- Lesson 02,"))
+    assert "Homework now (all they need was taught): 02a_ddp_from_scratch;" in ddp and "02_ddp_lab (needs 02a)" in ddp
+    assert "only their practice is lost" in next(line for line in lines if line.startswith("- Lesson 01,"))
+    lines = schedules.left_out_lines([schedules.DAY_1[:1]], stems, needs)  # only 00 taught
+    assert "None can be homework yet" in next(line for line in lines if line.startswith("- Lesson 02,"))
+
+
+def test_the_whole_course_is_packed_or_says_why_not(course):
+    minutes_of, needs = course
+    stems = [p.stem for p in minutes.notebooks()]
+    few = {s: m for s, m in minutes_of.items()}
+    for s in few:
+        few[s] = 20  # every notebook short: the packer must lay the whole course out, keeping every rule
+    plan = schedules.whole_course_plan(stems, few, needs)
+    assert sorted(s for day in plan for s in day) == sorted(stems)
+    assert schedules.problems(schedules.lay_out(plan, few), few, needs) == []
+    with pytest.raises(ValueError, match="fit in no one day"):
+        schedules.whole_course_plan(stems, dict.fromkeys(stems, 100), needs)
 
 
 def test_a_lesson_named_only_by_number_must_be_declared(tmp_path):

@@ -151,6 +151,107 @@ def days_for(total):
     return days
 
 
+# What a learner can do after each lesson group (a number's lessons and labs), said where a plan leaves a group out.
+SKILLS = {
+    "00": "start ranks and run code on them (`run_ranks`, `%%ranks`)",
+    "01": "send, receive and run collectives, and count a ring all-reduce's bytes",
+    "02": "build, measure and use data parallelism (DDP)",
+    "03": "say where training memory goes and shard it away (ZeRO)",
+    "04": "shard with PyTorch's own tools: FSDP2, DTensor, the meta device, sharded checkpoints",
+    "05": "split layers across ranks: tensor and sequence parallelism",
+    "06": "run pipeline schedules and measure their bubble",
+    "07": "configure and run DeepSpeed and its ZeRO stages",
+    "08": "train under Lightning's strategies and speed-ups, and judge FP8 numerics",
+    "09": "combine FSDP, tensor and pipeline parallelism on one mesh, cost it and plan it",
+    "10": "launch on more than one machine with torchrun and Slurm",
+    "11": "resume after a failure, find a hang, read a profile",
+    "12": "treat parallelism as a graph transformation with torch.fx",
+    "13": "run data parallelism in TensorFlow and Horovod",
+    "14": "split attention over a sequence across ranks (context parallelism)",
+    "15": "route tokens to experts over all-to-all (expert parallelism)",
+}
+
+
+def whole_course_plan(stems, minutes_of, prerequisites):
+    """The whole course packed by this scheduler: notebooks in course order, each lab right after the last of its
+    prerequisites; a lab and everything from its own lesson to it form one unit that no day boundary splits; a day
+    takes units until the next fits no block. Raises ValueError naming a unit that fits in no one day."""
+    order = [s for s in stems if not is_lab(s)]
+    for lab in (s for s in stems if is_lab(s)):
+        at = max(order.index(p) for p in prerequisites[lab]) + 1
+        while at < len(order) and is_lab(order[at]):  # after the labs already there
+            at += 1
+        order.insert(at, lab)
+    start = list(range(len(order)))  # start[i]: where the unit holding order[i] begins
+    for i, stem in enumerate(order):
+        if is_lab(stem):
+            first = min(order.index(p) for p in own_lessons(stem, prerequisites[stem]))
+            for j in range(first, i + 1):
+                start[j] = min(start[j], start[first])
+    units = [[order[i] for i in range(len(order)) if start[i] == u] for u in sorted(set(start))]
+    plan = [[]]
+    for unit in units:
+        try:
+            lay_out(plan[:-1] + [plan[-1] + unit], minutes_of)
+            plan[-1] += unit
+        except ValueError:
+            plan.append(list(unit))
+            try:
+                lay_out(plan, minutes_of)
+            except ValueError as e:
+                raise ValueError(f"{', '.join(unit)} (a lab, its own lesson and what comes between) fit in no one "
+                                 f"day in this order: {e}") from None
+    if broken := problems(lay_out(plan, minutes_of), minutes_of, prerequisites):
+        raise ValueError("the whole course packed breaks the rules: " + "; ".join(broken))
+    return plan
+
+
+def whole_course_days(stems, minutes_of, prerequisites, whole):
+    """A sentence on how many days the whole course takes: packed by ``whole_course_plan``, or why it cannot be."""
+    bound = (f"its minutes alone need at least {days_for(whole)} days (day 1 plans {capacity(1)} minutes, each later "
+             f"day {capacity(2) - capacity(1)})")
+    try:
+        return f"packed by this scheduler it takes {len(whole_course_plan(stems, minutes_of, prerequisites))} days; {bound}."
+    except ValueError as e:
+        return f"{bound}, and this scheduler cannot pack it at all in course order: {e}."
+
+
+def left_out_lines(plan, stems, prerequisites):
+    """One line per left-out group: the skill lost, and which of its notebooks can be homework now (their
+    prerequisites were all taught) and which need more first."""
+    kept = {s for day in plan for s in day}
+    gone = left_out(plan, stems)
+    lines = []
+    for group in sorted({number(s)[:2] for s in gone}):
+        mine = [s for s in gone if number(s)[:2] == group]
+        lost = (f"a learner cannot yet {SKILLS[group]}" if any(not is_lab(s) for s in mine) else
+                f"its lessons were taught, so only their practice is lost (to {SKILLS[group]})")
+        ready = [s for s in mine if set(prerequisites[s]) <= kept]
+        later = {s: sorted(number(p) for p in set(prerequisites[s]) - kept) for s in mine if s not in ready}
+        said = f"Homework now (all they need was taught): {', '.join(ready)}" if ready else "None can be homework yet"
+        if later:
+            said += "; after more lessons: " + ", ".join(f"{s} (needs {', '.join(n)})" for s, n in later.items())
+        lines.append(f"- Lesson {group}, {len(mine)} left out: {lost}. {said}.")
+    return lines
+
+
+def rows(day, slots, minutes_of):
+    """A day's table rows: set-up, every notebook, the unplanned (free) minutes of each block, breaks and lunch."""
+    out = [f"| {clock(minute(BLOCKS[0][0]))} | {clock(opening(0, 0))} | set-up | {SETUP} |"] if day == 0 else []
+    for block, (_, end) in enumerate(BLOCKS):
+        at = opening(day, block)
+        for s in (s for s in slots if (s.day, s.block) == (day, block)):
+            out.append(f"| {clock(s.start)} | {clock(s.end)} | {s.stem} | {minutes_of[s.stem]}"
+                       f"{f' + {REVIEW} to go over it' if is_lab(s.stem) else ''} |")
+            at = s.end
+        if minute(end) > at:
+            out.append(f"| {clock(at)} | {end} | free (questions, slack) | {minute(end) - at} |")
+        if block + 1 < len(BLOCKS):
+            gap = minute(BLOCKS[block + 1][0]) - minute(end)
+            out.append(f"| {end} | {BLOCKS[block + 1][0]} | {'lunch' if gap >= 60 else 'break'} | {gap} |")
+    return out
+
+
 def markdown(minutes_of, prerequisites, titles):
     """TEACHING.md's schedules section (a list of lines). ``titles``: stem -> the notebook's title."""
     stems = list(titles)
@@ -161,14 +262,14 @@ def markdown(minutes_of, prerequisites, titles):
              f"{SETUP} minutes of set-up (logins, introductions, `make preflight`). Every block keeps {SLACK:.0%} of "
              "its time unplanned for questions and the instructor's own talk; no notebook runs across a break; every "
              "notebook comes after the lessons it needs (its **You need**, kept in `metadata.course.prerequisites`); "
-             f"each lab is on the day of its lesson, with {REVIEW} minutes after it to go over it together "
+             f"each lab comes after its own lesson (the one of its number) on the same day, with {REVIEW} minutes after it to go over it together "
              "(`make grade` grades the room's submissions first). Times are the notebooks' measured minutes, "
              "exercises included.", "",
              f"The whole course is {len(stems)} notebooks and {whole} minutes (labs' reviews included); three days "
              f"at these rules plan {capacity(3)} minutes, so it "
              + ("fits in three days." if whole <= capacity(3) else
-                f"does not fit: it needs at least {days_for(whole)} days at these rules (day 1 plans {capacity(1)} "
-                f"minutes, each later day {capacity(2) - capacity(1)}). Each plan below names what it leaves out."), ""]
+                f"does not fit: {whole_course_days(stems, minutes_of, prerequisites, whole)} Each plan below names "
+                "what it leaves out."), ""]
     for title, plan in PLANS.items():
         slots = lay_out(plan, minutes_of)
         if broken := problems(slots, minutes_of, prerequisites):
@@ -179,12 +280,10 @@ def markdown(minutes_of, prerequisites, titles):
             lines += [f"Day {day + 1} ({sum(s.end - s.start for s in mine)} minutes planned of "
                       f"{capacity(day + 1) - capacity(day)} the day can hold):", "",
                       "| from | to | notebook | minutes |", "| --- | --- | --- | --- |"]
-            lines += [f"| {clock(s.start)} | {clock(s.end)} | {s.stem} | {minutes_of[s.stem]}"
-                      f"{f' + {REVIEW} to go over it' if is_lab(s.stem) else ''} |" for s in mine]
+            lines += rows(day, slots, minutes_of)
             lines.append("")
         gone = left_out(plan, stems)
-        lines += [f"Left out ({len(gone)} notebooks, {sum(minutes_of[s] for s in gone)} minutes; what a learner "
-                  "misses is each one's subject):", ""]
-        lines += [f"- {s}: {titles[s]}" for s in gone]
+        lines += [f"Left out ({len(gone)} notebooks, {sum(minutes_of[s] for s in gone)} minutes), by lesson:", ""]
+        lines += left_out_lines(plan, stems, prerequisites)
         lines.append("")
     return lines
