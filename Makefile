@@ -240,7 +240,7 @@ endef
 export TEACHER_PINS
 TEACHER_STAMP := $(VENV)/.teacher-stamp
 USERS ?= 4
-# TEACHING.md's schedule, whose notebooks make preflight asks memory for: all, one-day or two-days
+# TEACHING.md's schedule, whose notebooks make preflight asks memory for: all, one-day, two-days or three-days
 SCHEDULE ?= all
 HUB_PORT ?= 8000
 HUB_ARGS ?=

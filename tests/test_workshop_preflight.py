@@ -70,9 +70,9 @@ def test_memory_is_asked_from_the_schedules_measured_peaks():
     data = minutes.load_data()
     idle = GIB // 2
     installed = lambda stem: []  # noqa: E731 -- every optional requirement met (TensorFlow here)
-    # Written out, not taken from schedule_stems: TEACHING.md's one-day schedule, its lessons and evening labs.
-    one_day = ["00_start_here", "01a_point_to_point_and_collectives", "02a_ddp_from_scratch", "03_zero_from_scratch",
-               "04a_fsdp2_zero_redundancy", "02_ddp_lab", "03_zero_lab"]
+    # Written out, not taken from schedule_stems: TEACHING.md's one-day schedule, its lessons and its lab.
+    one_day = ["00_start_here", "01a_point_to_point_and_collectives", "01b_ring_all_reduce",
+               "01a_halving_reduce_scatter_lab"]
     peaks = {s: teaching_guide.measured_peak(s, data) for s in one_day}
     assert all(peaks.values()), peaks
     top = max(peaks, key=peaks.get)
@@ -97,22 +97,22 @@ def test_memory_is_asked_from_the_schedules_measured_peaks():
     assert "left out, their requirements not installed here: 13a_frameworks_one_process (needs tensorflow)" \
         in without.detail and "make frameworks" in without.detail and _asked(without) == _asked(everything)
 
-    # Changing a stored peak changes what preflight asks: lab 02 (in the one-day schedule) made the largest.
+    # Changing a stored peak changes what preflight asks: lab 02 (in the two-day schedule) made the largest.
     changed = copy.deepcopy(data)
     lab = changed["notebooks"]["labs/02_ddp_lab.ipynb"]
-    before = pf.check_memory(4, "one-day", idle, available=10_000 * GIB, data=data)
+    before = pf.check_memory(4, "two-days", idle, available=10_000 * GIB, data=data)
     lab["peak_memory_mb"] = 9 * 1024
-    after = pf.check_memory(4, "one-day", idle, available=10_000 * GIB, data=changed)
+    after = pf.check_memory(4, "two-days", idle, available=10_000 * GIB, data=changed)
     assert "02_ddp_lab, 9.00 GiB" in after.detail and _asked(after) == 4 * 9.5 != _asked(before), after.line()
     # ... and where the line between enough and not lies: 4 x 9 GiB of peaks, 4 x 9.5 with the idle kernels
-    assert pf.check_memory(4, "one-day", idle, available=38 * GIB, data=changed).status == "ok"
-    warn = pf.check_memory(4, "one-day", idle, available=37 * GIB, data=changed)
+    assert pf.check_memory(4, "two-days", idle, available=38 * GIB, data=changed).status == "ok"
+    warn = pf.check_memory(4, "two-days", idle, available=37 * GIB, data=changed)
     assert warn.status == "warn" and "Shut Down Kernel" in warn.fix
-    fail = pf.check_memory(4, "one-day", idle, available=35 * GIB, data=changed)
+    fail = pf.check_memory(4, "two-days", idle, available=35 * GIB, data=changed)
     assert fail.status == "fail" and "at most 3 learner(s)" in fail.fix
-    assert "needs 9.5 GiB" in pf.check_memory(4, "one-day", idle, available=8 * GIB, data=changed).fix
+    assert "needs 9.5 GiB" in pf.check_memory(4, "two-days", idle, available=8 * GIB, data=changed).fix
     del lab["peak_memory_mb"]  # a notebook not measured is named, and warned about
-    unmeasured = pf.check_memory(4, "one-day", idle, available=10_000 * GIB, data=changed)
+    unmeasured = pf.check_memory(4, "two-days", idle, available=10_000 * GIB, data=changed)
     assert unmeasured.status == "warn" and "not measured: 02_ddp_lab" in unmeasured.detail, unmeasured.line()
     with pytest.raises(KeyError, match="the schedules are all, one-day, two-days"):
         pf.check_memory(4, "one-week", idle, data=data)

@@ -12,6 +12,9 @@ Each module runs as ``python -m utils.course.NAME`` (``make`` targets in bracket
   ``minutes --measured``, ``--record``); ``teaching_guide`` writes TEACHING.md from them (``make guide``).
 - ``stray_output``: every warning or stderr line of an executed notebook is on its list, explained in its text
   (``tests/test_notebooks.py`` fails a notebook on any other).
+- ``schedules``: the workshop plans TEACHING.md gives (blocks between breaks, set-up, slack, each lab on its lesson's
+  day), checked against ``prerequisites`` (each notebook's ``metadata.course.prerequisites``, checked against its
+  **You need** text).
 - ``claims``: every sentence about what a library does carries a pointer into that library's source, checked.
 - ``shown_source``: the utils functions each notebook prints as source, listed in ``shown_source.json`` (``make
   shown``); ``changes``: the notebooks a change touches (``make test-quick``).

@@ -1,6 +1,7 @@
 """Writes TEACHING.md, the teacher's guide: every lesson and lab with its minutes, world sizes, cores
-and memory, what to demo and what learners do alone, and a one-day and a two-day schedule built from the
-minutes (a maintainer tool, like utils/course/minutes.py; a test keeps TEACHING.md equal to what this writes).
+and memory, what to demo and what learners do alone, and one-, two- and three-day schedules built from the
+minutes (utils/course/schedules.py). A maintainer tool, like utils/course/minutes.py; a test keeps TEACHING.md
+equal to what this writes.
 
     python -m utils.course.teaching_guide           # rewrites TEACHING.md (make guide)
     python -m utils.course.teaching_guide --check   # exit 1 if TEACHING.md is stale
@@ -20,12 +21,10 @@ import math
 import re
 import sys
 
-from . import minutes, observed
+from . import minutes, observed, prerequisites, schedules
 from .notebook_runner import ROOT, course_metadata
 
 GUIDE = ROOT / "TEACHING.md"
-SESSION = 90  # minutes between breaks; no notebook asks more (tests/test_course_minutes.py)
-DAY = [("09:00", "10:30"), ("11:00", "12:30"), ("13:30", "15:00"), ("15:30", "17:00")]  # 4 sessions, 360 minutes
 
 # What a teacher shows on the projector, what learners do alone, and the questions that come up. Written by
 # hand for each notebook (a test requires one entry per notebook); keep it to what the notebook really does.
@@ -163,21 +162,6 @@ NOTES = {
 LAB_NOTE = ("the goal and the check cell on the stub (it answers 'not written yet')",
             "the whole lab: the checker grades it and names the mistake")
 
-# The schedules: notebooks in course order, flowing through the day's sessions (a notebook may straddle a
-# break). Labs are left for the evening, named after each day.
-SCHEDULES = {
-    "one day: data parallelism and sharding": [
-        ["00_start_here", "01a_point_to_point_and_collectives", "02a_ddp_from_scratch", "03_zero_from_scratch",
-         "04a_fsdp2_zero_redundancy"]],
-    "two days: every kind of parallelism, DeepSpeed and Lightning": [
-        ["00_start_here", "01a_point_to_point_and_collectives", "02a_ddp_from_scratch", "03_zero_from_scratch",
-         "04a_fsdp2_zero_redundancy"],
-        ["05a_tensor_parallelism", "06a_pipeline_schedules", "07a_deepspeed_config", "08a_lightning_strategies",
-         "09a_3d_mesh"]],
-}
-HOMEWORK = {0: ["02_ddp_lab", "03_zero_lab"], 1: ["05_tensor_parallel_lab", "06_pipeline_lab"]}
-
-
 def stem_path(stem):
     for folder in ("notebooks", "labs"):
         if (path := ROOT / folder / f"{stem}.ipynb").exists():
@@ -192,14 +176,14 @@ def schedule_name(title):
 
 
 def schedule_stems(name):
-    """The notebooks schedule ``name`` uses: its days' lessons and their evenings' labs; "all": every one."""
+    """The notebooks schedule ``name`` uses, labs included (utils/course/schedules.PLANS); "all": every one."""
     if name == "all":
         return [p.stem for p in minutes.notebooks()]
-    for title, days in SCHEDULES.items():
+    for title, plan in schedules.PLANS.items():
         if schedule_name(title) == name:
-            return [stem for i, day in enumerate(days) for stem in day + HOMEWORK.get(i, [])]
+            return [stem for day in plan for stem in day]
     raise KeyError(f"no schedule {name!r}; the schedules are all, "
-                   f"{', '.join(schedule_name(t) for t in SCHEDULES)} (utils/course/teaching_guide.py)")
+                   f"{', '.join(schedule_name(t) for t in schedules.PLANS)} (utils/course/schedules.py)")
 
 
 def measured_peak(stem, data):
@@ -299,41 +283,10 @@ def lab_mistakes(stem):
     return names
 
 
-def clock(start, offset):
-    h, m = map(int, start.split(":"))
-    m += offset
-    return f"{h + m // 60:02d}:{m % 60:02d}"
-
-
-def lay_out(day, rows):
-    """(notebook, start, end) through the day's sessions, breaks skipped; raises if the day runs over."""
-    sessions = [(a, (int(b[:2]) * 60 + int(b[3:])) - (int(a[:2]) * 60 + int(a[3:]))) for a, b in DAY]
-    capacity = sum(length for _, length in sessions)
-    need = sum(rows[s]["minutes"] for s in day)
-    if need > capacity:
-        raise ValueError(f"{', '.join(day)}: {need} min, over the day's {capacity} min of sessions; drop a lesson")
-    out, used = [], 0  # minutes of session time used so far
-    for stem in day:
-        out.append((stem, start_clock(sessions, used), end_clock(sessions, used + rows[stem]["minutes"])))
-        used += rows[stem]["minutes"]
-    return out, need, capacity
-
-
-def start_clock(sessions, minute):
-    """A notebook starting at session minute ``minute``: at a session's end it starts after the break."""
-    for start, length in sessions:
-        if minute < length:
-            return clock(start, minute)
-        minute -= length
-    raise AssertionError("past the day")
-
-
-def end_clock(sessions, minute):
-    for start, length in sessions:
-        if minute <= length:
-            return clock(start, minute)
-        minute -= length
-    raise AssertionError("past the day")
+def title(path):
+    """The notebook's title, from its first line (``# 05b · DTensor and sequence parallelism: ...``)."""
+    first = json.loads(path.read_text())["cells"][0]["source"]
+    return "".join(first).split("\n")[0].lstrip("# ").split(" · ", 1)[-1]
 
 
 def render():
@@ -347,7 +300,7 @@ def render():
     lines = ["# Teaching the course: a guide for workshops", "",
              "<!-- Written by utils/course/teaching_guide.py (`make guide`) from the notebooks' stated minutes; "
              "edit that file, not this one. -->", "",
-             "For a teacher preparing a one- or two-day workshop on a shared GPU box, a JupyterHub or a Slurm "
+             "For a teacher preparing a one-, two- or three-day workshop on a shared GPU box, a JupyterHub or a Slurm "
              "cluster. Run time and memory below are measured; reading, code and exercise minutes are computed "
              "from the notebooks' text, and replaced by what real workshops took once a teacher records them (which "
              "is which, and from what: the end of this page). The schedules are built from those minutes, so they "
@@ -381,25 +334,16 @@ def render():
             mistakes = ", ".join(f"`{m}`" for m in lab_mistakes(p.stem))
             lines += [f"**{p.stem}.** Demo: {LAB_NOTE[0]}. Alone: {LAB_NOTE[1]}. Where learners go wrong (the "
                       f"mistakes its checker names, each with a hint): {mistakes}.", ""]
-    lines += ["## Schedules", "",
-              f"Sessions of at most {SESSION} minutes: " + ", ".join(f"{a}-{b}" for a, b in DAY) +
-              " (breaks between). A notebook may run across a break; times are its stated minutes, exercises "
-              "included. Labs are the evening's work, graded with `make grade`.", ""]
-    for title, days in SCHEDULES.items():
-        lines += [f"### {title[0].upper()}{title[1:]}", ""]
-        peaks = {s: measured_peak(s, data) or 0 for s in schedule_stems(schedule_name(title))}
+    lines += schedules.markdown({s: r["minutes"] for s, r in rows.items()},
+                                {p.stem: prerequisites.declared(p) for p in paths}, {p.stem: title(p) for p in paths})
+    lines += ["## Memory per plan", ""]
+    for plan in schedules.PLANS:
+        peaks = {s: measured_peak(s, data) or 0 for s in schedule_stems(schedule_name(plan))}
         top = max(peaks, key=peaks.get)
-        lines += [f"Memory: its largest notebook, {top}, peaks at {peaks[top] / 2**30:.1f} GiB; "
-                  f"`make preflight USERS=N SCHEDULE={schedule_name(title)}` asks that of the box for each learner, "
-                  "plus at least one kernel left running (with its rank server).", ""]
-        for i, day in enumerate(days):
-            slots, need, capacity = lay_out(day, rows)
-            lines += [f"Day {i + 1} ({need} of {capacity} minutes):", "",
-                      "| from | to | notebook | minutes |", "| --- | --- | --- | --- |"]
-            lines += [f"| {a} | {b} | {s} | {rows[s]['minutes']} |" for s, a, b in slots]
-            if HOMEWORK.get(i):
-                lines += ["", "Evening: " + ", ".join(f"{h} ({rows[h]['minutes']} min)" for h in HOMEWORK[i]) + "."]
-            lines.append("")
+        lines.append(f"- {plan[0].upper()}{plan[1:]}: its largest notebook, {top}, peaks at "
+                     f"{peaks[top] / 2**30:.1f} GiB; `make preflight USERS=N SCHEDULE={schedule_name(plan)}` asks "
+                     "that of the box for each learner, plus at least one kernel left running (with its rank server).")
+    lines.append("")
     lines += figures_section(data, paths)
     return "\n".join(lines)
 

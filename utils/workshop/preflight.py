@@ -43,7 +43,7 @@ import torch.distributed as dist
 from ..hardware import usable_cores
 from ..launch import RankError, run_ranks
 from ..launch.server_handle import HEAVY_MODULES, rank_server
-from ..course import minutes, teaching_guide
+from ..course import minutes, schedules, teaching_guide
 from ..course.notebook_runner import missing_requirements
 from ..torch_versions import SUPPORTED, is_supported
 from .seats import deal_seats
@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PORTS = {8000: "the hub (make hub, HUB_PORT)", 8001: "the hub's proxy API", 8081: "the hub itself",
          8888: "make lab", 29500: "torchrun's default (lesson 10)"}
 RANKS_PER_LEARNER = 4  # lesson 00's WORLD_SIZE: the most ranks a lesson starts by default
-SCHEDULES = ["all", *map(teaching_guide.schedule_name, teaching_guide.SCHEDULES)]  # --schedule's choices
+SCHEDULES = ["all", *map(teaching_guide.schedule_name, schedules.PLANS)]  # --schedule's choices
 GIB = 2**30
 
 
