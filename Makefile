@@ -212,9 +212,14 @@ export BROWSER_PINS
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 EXECUTED ?=
 
-.PHONY: site browser-test
+.PHONY: site site-executed browser-test
 site: setup  ## the course as a static site in build/site/ from the executed notebooks (EXECUTED=dir: prefer those)
 	$(BIN)/python website/build.py $(if $(EXECUTED),--executed $(EXECUTED))
+
+# From a fresh clone no notebook has been run, so `make site` shows every page "not executed": this runs them all
+# first (make course: every notebook with its full parameters into build/course/, which the site prefers).
+site-executed: course  ## every notebook run (make course, ~36 min on 2 cores), then the site from them: build/site/
+	$(MAKE) --no-print-directory site
 
 browser-test: setup  ## JupyterLab in headless Chromium: lesson 00's %%ranks and the two widgets; screenshots in build/browser/
 	@command -v chromium >/dev/null || { echo "installing Debian's chromium (apt-get; Playwright downloads no browser)"; \

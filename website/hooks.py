@@ -1,13 +1,38 @@
-"""MkDocs hook for the course site: a notebook page's links to other notebooks point at their pages.
+"""MkDocs hooks for the course site: links between notebook pages, math as MathML, whole titles, nothing remote.
 
-MkDocs rewrites the links of Markdown pages (``notebooks/01_collectives.ipynb`` becomes
-``notebooks/01_collectives.html``), but a notebook page is HTML from nbconvert, which it leaves alone:
-here its relative links to ``.ipynb`` files and to ``README.md`` are turned into the pages' addresses.
+- Links: MkDocs rewrites the links of Markdown pages (``notebooks/01_collectives.ipynb`` becomes
+  ``notebooks/01_collectives.html``), but a notebook page is HTML from nbconvert, which it leaves alone: here
+  its relative links to ``.ipynb`` files and to ``README.md`` are turned into the pages' addresses.
+- Math: TeX (``$...$``, ``$$...$$``, ``\\(...\\)``, ``\\[...\\]``; on Markdown pages pymdownx.arithmatex's
+  generic output, which is ``\\(...\\)``) becomes MathML when the site is built, with latex2mathml (pure
+  Python). Browsers draw MathML themselves, so a page needs no script, no font and no network for its math.
+  TeX inside ``pre``, ``code``, ``script`` and ``style`` is left as it is. TeX latex2mathml cannot read stops
+  the build, naming the page and the formula. This runs on the finished page, so the table of contents beside
+  it (headings with TeX) is rendered too; a page's <title> stays text.
+- nbconvert's page head asks for MathJax (``<script src="">`` when no address is set: mkdocs-jupyter's
+  ``custom_mathjax_url`` is empty) and carries a module that would import mermaid from a CDN if a page had a
+  diagram (none does): both are removed, so a notebook page makes no request to another host.
+- Titles: mkdocs-jupyter takes a notebook page's title from its table of contents, where inline code is
+  dropped ("10 · Beyond one machine: , two nodes, and Slurm"); here it is the text of the page's first <h1>, as
+  nbconvert rendered it, code and emphasis included.
 """
 
+import html
 import re
 
+from latex2mathml.converter import convert as tex_to_mathml
+
 LINK = re.compile(r'(href=")(?![a-z][a-z0-9+.-]*:|#|/)([^"#?]*?)(\.ipynb|README\.md)([#?][^"]*)?"')
+#: text that is not prose, left as it is: code (and mkdocs-jupyter's hidden copy of each code cell for its copy
+#: button), scripts, styles, comments, and math already rendered
+VERBATIM = re.compile(r"<!--.*?-->|<(pre|code|script|style|textarea|math|svg|title)\b.*?</\1>"
+                      r"|<div class=\"clipboard-copy-txt\".*?</div>", re.S)
+TAG = re.compile(r"<[a-zA-Z/](?:[^>\"']|\"[^\"]*\"|'[^']*')*>")
+#: display math ($$...$$, \[...\]), then inline (\(...\), $...$: no space just inside the dollars, no digit after)
+TEX = re.compile(r"\$\$(?P<d1>.+?)\$\$|\\\[(?P<d2>.+?)\\\]|\\\((?P<i1>.+?)\\\)"
+                 r"|(?<![\\$])\$(?P<i2>[^\s$](?:[^$]*?[^\s$\\])?)\$(?!\d)", re.S)
+NB_HEAD_SCRIPTS = re.compile(r"<!-- Load mathjax -->.*?<!-- End of mathjax configuration -->"
+                             r"|<script type=\"module\">(?:(?!</script>).)*?mermaid(?:(?!</script>).)*</script>", re.S)
 
 
 def page_link(match):
@@ -16,7 +41,44 @@ def page_link(match):
     return f'{prefix}{target}{rest}"'
 
 
-def on_page_content(html, page, config, files):  # noqa: ARG001 - MkDocs' hook signature
+def render_tex(text: str, where: str = "a page") -> str:
+    """``text`` (HTML) with every TeX formula in its prose replaced by MathML; code and scripts left alone."""
+    def one(match):
+        display = match.group("d1") or match.group("d2")
+        tex = html.unescape(display or match.group("i1") or match.group("i2")).strip()
+        try:
+            return tex_to_mathml(tex, display="block" if display else "inline")
+        except Exception as error:  # latex2mathml raises its own errors, and others on odd input
+            raise ValueError(f"{where}: latex2mathml cannot render the TeX {tex!r} ({type(error).__name__}: "
+                             f"{error}); write it in the TeX latex2mathml reads, or put it in `code`") from error
+
+    def prose(part):  # TeX is looked for between tags only, never across one
+        return "".join(TEX.sub(one, piece) if i % 2 == 0 else piece
+                       for i, piece in enumerate(re.split(f"({TAG.pattern})", part)))
+
+    out, last = [], 0
+    for kept in VERBATIM.finditer(text):
+        out += [prose(text[last:kept.start()]), kept.group(0)]
+        last = kept.end()
+    out.append(prose(text[last:]))
+    return "".join(out)
+
+
+def first_heading(content: str):
+    """The text of the page's first <h1> as nbconvert wrote it (its <code> and <em> as their text); None if none."""
+    h1 = re.search(r"<h1\b[^>]*>(.*?)</h1>", content, re.S)
+    if h1 is None:
+        return None
+    return html.unescape(re.sub(r"<[^>]+>", "", re.sub(r"<a class=\"anchor-link\".*?</a>", "", h1.group(1)))).strip()
+
+
+def on_page_content(content, page, config, files):  # noqa: ARG001 - MkDocs' hook signature
     if page.file.src_uri.endswith(".ipynb"):
-        return LINK.sub(page_link, html)
-    return html
+        content = NB_HEAD_SCRIPTS.sub("", LINK.sub(page_link, content))
+        page.title = first_heading(content) or page.title
+    return content
+
+
+def on_post_page(output, page, config):  # noqa: ARG001 - MkDocs' hook signature
+    """Math everywhere on the finished page: its content, and the table of contents beside it (headings with TeX)."""
+    return render_tex(output, page.file.src_uri)
