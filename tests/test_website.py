@@ -263,8 +263,18 @@ def test_a_notebook_page_is_titled_by_its_first_heading_with_its_code(built):
         title = html.unescape(re.search(r"<title>(.*?) - Distributed", text, re.S).group(1))
         h1 = re.search(r"<h1[^>]*>(.*?)<a class=\"anchor-link\"", text, re.S).group(1)  # nbconvert's, with <code>
         assert title == html.unescape(re.sub(r"<[^>]+>", "", h1)).strip(), f"{path.name}: title {title!r}, h1 {h1!r}"
+        ids = set(re.findall(r'\bid="([^"]+)"', text))
+        toc = text[text.index('<nav class="md-nav md-nav--secondary"'):]
+        toc = toc[:toc.index("</nav>")]
+        entries = re.findall(r'<a href="#([^"]+)" class="md-nav__link"', toc)
+        assert entries, f"{path.name}: no table of contents"
+        missing = [a for a in entries if unquote(a) not in ids]
+        assert not missing, f"{path.name}: table-of-contents links to no heading: {missing}"
     page = (out / "notebooks" / "10_torchrun_and_slurm.html").read_text()
     assert "<title>10 · Beyond one machine: torchrun, two nodes, and Slurm - " in page
+    page = (out / "notebooks" / "01b_ring_all_reduce.html").read_text()
+    assert re.search(r'<a href="#is-it-right-against-distall_reduce[^"]*" class="md-nav__link">\s*'
+                     r'<span class="md-ellipsis">\s*Is it right\? Against <code>dist.all_reduce</code>', page)
 
 
 def test_the_banner_says_not_executed_only_without_outputs(built):

@@ -14,7 +14,8 @@
   diagram (none does): both are removed, so a notebook page makes no request to another host.
 - Titles: mkdocs-jupyter takes a notebook page's title from its table of contents, where inline code is
   dropped ("10 · Beyond one machine: , two nodes, and Slurm"); here it is the text of the page's first <h1>, as
-  nbconvert rendered it, code and emphasis included.
+  nbconvert rendered it, code and emphasis included; so is each entry of the page's table of contents, with
+  the heading's own id (mkdocs-jupyter's ids, made without the code, pointed nowhere).
 """
 
 import html
@@ -72,10 +73,38 @@ def first_heading(content: str):
     return html.unescape(re.sub(r"<[^>]+>", "", re.sub(r"<a class=\"anchor-link\".*?</a>", "", h1.group(1)))).strip()
 
 
+HEADING = re.compile(r"<h([1-6])\b[^>]*\bid=\"([^\"]+)\"[^>]*>(.*?)</h\1>", re.S)
+
+
+def toc_from_headings(toc, content: str):
+    """mkdocs-jupyter's table of contents, each entry given its heading's id and HTML as nbconvert wrote them.
+
+    Its entries come from the Markdown with inline code dropped, so "Is it right? Against `dist.all_reduce`" was
+    listed as "Is it right? Against " and linked to an id the page does not have. Entries and headings are in the
+    same order: each entry takes the next heading of its level."""
+    headings = [(int(level), hid, re.sub(r"<a class=\"anchor-link\".*?</a>", "", inner).strip())
+                for level, hid, inner in HEADING.findall(content)]
+
+    def walk(links):
+        for link in links:
+            yield link
+            yield from walk(link.children)
+
+    position = 0
+    for link in walk(toc):
+        while position < len(headings) and headings[position][0] != link.level:
+            position += 1
+        if position == len(headings):
+            return  # fewer headings than entries: the rest keep mkdocs-jupyter's text
+        _, link.id, link.title = headings[position]
+        position += 1
+
+
 def on_page_content(content, page, config, files):  # noqa: ARG001 - MkDocs' hook signature
     if page.file.src_uri.endswith(".ipynb"):
         content = NB_HEAD_SCRIPTS.sub("", LINK.sub(page_link, content))
         page.title = first_heading(content) or page.title
+        toc_from_headings(page.toc, content)
     return content
 
 
