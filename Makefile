@@ -221,7 +221,7 @@ site: setup  ## the course as a static site in build/site/ from the executed not
 site-executed: course  ## every notebook run (make course, ~36 min on 2 cores), then the site from them: build/site/
 	$(MAKE) --no-print-directory site
 
-browser-test: setup  ## JupyterLab in headless Chromium: lesson 00's %%ranks and the two widgets; screenshots in build/browser/
+browser-test: setup  ## JupyterLab in headless Chromium: lesson 00's %%ranks and the two widgets; the site offline; screenshots in build/browser/
 	@command -v chromium >/dev/null || { echo "installing Debian's chromium (apt-get; Playwright downloads no browser)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
 	$(BIN)/python -m pip install --quiet $$($(BIN)/python -c "$$BROWSER_PINS")
