@@ -226,6 +226,12 @@ def test_the_checks_catch_a_planted_page():
     assert "echo $HOME $PATH" in hooks.render_tex(planted), "TeX-like text in code is left alone"
     with pytest.raises(ValueError, match=r"page\.ipynb: latex2mathml cannot render the TeX 'x\^' \(Missing"):
         hooks.render_tex("<p>$x^$</p>", "page.ipynb")  # a superscript with nothing to raise
+    # TeX latex2mathml does not know comes back as text (<mi>\arg</mi>, drawn as "\arg"): it stops the build too
+    with pytest.raises(ValueError, match=r"page\.ipynb: latex2mathml left '>\\\\arg' of the TeX '\\\\arg\\\\max p'"):
+        hooks.render_tex(r"<p>$$\arg\max p$$</p>", "page.ipynb")
+    with pytest.raises(ValueError, match=r"left '<mi>&</mi>' of the TeX 'a & b'"):
+        hooks.render_tex("<p>$a & b$</p>", "page.ipynb")
+    assert "<mo>argmax</mo>" in hooks.render_tex(r"<p>$\operatorname{argmax} p$</p>")  # what to write instead
 
 
 def test_math_is_rendered_and_no_tex_is_left(built):

@@ -6,9 +6,11 @@
 - Math: TeX (``$...$``, ``$$...$$``, ``\\(...\\)``, ``\\[...\\]``; on Markdown pages pymdownx.arithmatex's
   generic output, which is ``\\(...\\)``) becomes MathML when the site is built, with latex2mathml (pure
   Python). Browsers draw MathML themselves, so a page needs no script, no font and no network for its math.
-  TeX inside ``pre``, ``code``, ``script`` and ``style`` is left as it is. TeX latex2mathml cannot read stops
-  the build, naming the page and the formula. This runs on the finished page, so the table of contents beside
-  it (headings with TeX) is rendered too; a page's <title> stays text.
+  TeX inside ``pre``, ``code``, ``script`` and ``style`` is left as it is. The build stops, naming the page and
+  the formula, where latex2mathml raises an error, and where it returns MathML with TeX left in it: a command it
+  does not know (``\\arg``) passes through as the text ``<mi>\\arg</mi>``, a stray ``&`` as ``<mi>&</mi>``.
+  This runs on the finished page, so the table of contents beside it (headings with TeX) is rendered too; a
+  page's <title> stays text.
 - nbconvert's page head asks for MathJax (``<script src="">`` when no address is set: mkdocs-jupyter's
   ``custom_mathjax_url`` is empty) and carries a module that would import mermaid from a CDN if a page had a
   diagram (none does): both are removed, so a notebook page makes no request to another host.
@@ -32,6 +34,8 @@ TAG = re.compile(r"<[a-zA-Z/](?:[^>\"']|\"[^\"]*\"|'[^']*')*>")
 #: display math ($$...$$, \[...\]), then inline (\(...\), $...$: no space just inside the dollars, no digit after)
 TEX = re.compile(r"\$\$(?P<d1>.+?)\$\$|\\\[(?P<d2>.+?)\\\]|\\\((?P<i1>.+?)\\\)"
                  r"|(?<![\\$])\$(?P<i2>[^\s$](?:[^$]*?[^\s$\\])?)\$(?!\d)", re.S)
+#: TeX that latex2mathml passed through as text: a backslash command as an element's text, or a lone &
+LEAKED = re.compile(r">\\[A-Za-z]+|<mi>&(?:amp;)?</mi>")
 NB_HEAD_SCRIPTS = re.compile(r"<!-- Load mathjax -->.*?<!-- End of mathjax configuration -->"
                              r"|<script type=\"module\">(?:(?!</script>).)*?mermaid(?:(?!</script>).)*</script>", re.S)
 
@@ -48,10 +52,16 @@ def render_tex(text: str, where: str = "a page") -> str:
         display = match.group("d1") or match.group("d2")
         tex = html.unescape(display or match.group("i1") or match.group("i2")).strip()
         try:
-            return tex_to_mathml(tex, display="block" if display else "inline")
+            mathml = tex_to_mathml(tex, display="block" if display else "inline")
         except Exception as error:  # latex2mathml raises its own errors, and others on odd input
             raise ValueError(f"{where}: latex2mathml cannot render the TeX {tex!r} ({type(error).__name__}: "
                              f"{error}); write it in the TeX latex2mathml reads, or put it in `code`") from error
+        leaked = LEAKED.search(mathml)
+        if leaked:
+            raise ValueError(f"{where}: latex2mathml left {leaked.group(0)!r} of the TeX {tex!r} as text in its "
+                             "MathML (a command it does not know, or a stray &); write it in the TeX latex2mathml "
+                             r"reads (\operatorname{argmax}, a Unicode symbol such as 𝟙), or put it in `code`")
+        return mathml
 
     def prose(part):  # TeX is looked for between tags only, never across one
         return "".join(TEX.sub(one, piece) if i % 2 == 0 else piece
