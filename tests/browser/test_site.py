@@ -6,7 +6,10 @@ three-panel plot 1107 px wide, as lesson 02a draws. Then, on that page, in a 192
 
 - the math is rendered: MathML elements (website/hooks.py renders the TeX when the site is built) with a size,
   and no raw TeX (`$...$`, `\\(`, `\\frac`) in the text a reader sees;
-- the title is whole: the document's title is the lesson's first heading, its inline code included;
+- the title is whole: a heading with inline code ("Against `dist.all_reduce`") keeps it in the table of
+  contents, and lesson 10's title keeps its `torchrun`;
+- a Markdown cell is at most 50rem wide, while outputs take the width they need;
+- lesson 15's display formula is MathML laid out as `block math`: centred, its fraction stacked, not clipped;
 - the plot is drawn at its own width (1107 px), not shrunk, as the content column is wider;
 - no request leaves localhost (Playwright's request events: fonts, scripts, stylesheets, images).
 
@@ -94,10 +97,21 @@ def test_a_lesson_page_renders_offline(served):
             raw = [t for t in ("$", "\\(", "\\[", "\\frac", "\\Psi", "\\cdot") if t in prose]
             assert not raw, f"raw TeX on the page: {raw}"
 
-            heading = page.locator("article h1").first.inner_text().rstrip("¶").strip()
-            assert "`" not in heading and page.title().startswith(heading + " - "), (heading, page.title())
-            code_in_heading = page.locator("article h1").first.locator("code").all_inner_texts()
-            assert all(code in page.title() for code in code_in_heading), (code_in_heading, page.title())
+            # 01b's title has no code; a heading of it has: "Is it right? Against `dist.all_reduce`", in the page
+            # and in the table of contents beside it (mkdocs-jupyter's entry read "Is it right? Against ")
+            against = page.locator("article h3", has_text="Is it right? Against").first
+            assert against.locator("code").inner_text() == "dist.all_reduce", against.inner_text()
+            entry = page.locator(".md-nav--secondary .md-nav__link", has_text="Is it right? Against").first
+            assert entry.inner_text().strip().startswith("Is it right? Against dist.all_reduce,"), entry.inner_text()
+            assert entry.get_attribute("href") == "#" + against.get_attribute("id")
+
+            # prose at a readable measure, outputs as wide as they need
+            prose_width = page.locator("article .jp-MarkdownCell").first.evaluate("""c => {
+                const s = getComputedStyle(c), px = k => parseFloat(s[k]);
+                const content = c.getBoundingClientRect().width - px('paddingLeft') - px('paddingRight')
+                                - px('borderLeftWidth') - px('borderRightWidth');
+                return [content, content / parseFloat(getComputedStyle(document.documentElement).fontSize)]; }""")
+            assert prose_width[1] <= 50.01, f"a Markdown cell's text {prose_width[1]:.1f} rem wide"
 
             image = page.locator("article .jp-OutputArea-output img").first
             image.scroll_into_view_if_needed()
@@ -106,9 +120,36 @@ def test_a_lesson_page_renders_offline(served):
             assert natural == PLOT_WIDTH, natural
             assert abs(shown - min(natural, column)) <= 1, f"a {natural}-px plot shown {shown:.0f} px in {column:.0f}"
             assert shown >= PLOT_WIDTH - 1, f"the content column ({column:.0f} px) is narrower than the plot at 1920 px"
+            assert column > prose_width[0], f"outputs ({column:.0f} px) no wider than the prose ({prose_width[0]:.0f} px)"
 
             page.locator("article math").first.scroll_into_view_if_needed()
-            page.screenshot(path=SHOTS / "site-page.png")
+            # animations disabled: Material's header fades its title in on scroll, caught half-drawn otherwise
+            page.screenshot(path=SHOTS / "site-page.png", animations="disabled")
+
+            # lesson 10's title has inline code ("... machine: `torchrun`, two nodes ..."), which
+            # mkdocs-jupyter's title dropped
+            page.goto(f"{served}/notebooks/10_torchrun_and_slurm.html", wait_until="networkidle")
+            heading = page.locator("article h1").first
+            assert heading.locator("code").inner_text() == "torchrun", heading.inner_text()
+            assert page.title().startswith(heading.inner_text().rstrip("¶").strip() + " - "), page.title()
+            assert page.title().startswith("10 · Beyond one machine: torchrun, two nodes, and Slurm - "), page.title()
+
+            # a display formula drawn as MathML: lesson 15's load-balancing loss, centred, its fractions stacked
+            # (taller than a line of text) and not clipped by its scroll box
+            page.goto(f"{served}/notebooks/15_expert_parallelism.html", wait_until="networkidle")
+            formula = page.locator('article math[display="block"]', has_text="argmax").first
+            formula.scroll_into_view_if_needed()
+            shape = formula.evaluate("""m => {
+                const box = m.getBoundingClientRect(), row = m.firstElementChild.getBoundingClientRect();
+                const frac = m.querySelector('mfrac').getBoundingClientRect();
+                return {display: getComputedStyle(m).display, em: parseFloat(getComputedStyle(m).fontSize),
+                        frac: frac.height, left: row.left - box.left, right: box.right - row.right,
+                        scroll: m.scrollHeight, client: m.clientHeight, text: m.textContent}; }""")
+            assert shape["display"] == "block math", shape
+            assert shape["frac"] > 1.5 * shape["em"], f"a display fraction {shape['frac']:.0f} px tall, font {shape['em']} px"
+            assert abs(shape["left"] - shape["right"]) <= 2, f"not centred: {shape}"
+            assert shape["scroll"] <= shape["client"], f"clipped: content {shape['scroll']} px in {shape['client']} px"
+            assert "\\" not in shape["text"] and "argmax" in shape["text"], shape["text"]
             away = sorted({u for u in requested if urlsplit(u).hostname not in ("127.0.0.1",)
                            and not u.startswith("data:")})
             assert not away, f"requests that leave localhost: {away}"
