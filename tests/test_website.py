@@ -163,7 +163,9 @@ def test_widget_outputs_become_text_or_a_note():
 
 class Prose(HTMLParser):
     """A page's visible prose (not code, scripts, styles or rendered math), the number of <math> elements, and
-    every address the browser would load by itself: stylesheets, scripts, fonts, images, frames."""
+    every address the browser would load by itself: stylesheets, scripts, fonts, images (their srcset too),
+    frames; the text of <style> elements and style="" attributes (their url()s load too); and each element of
+    class "mermaid", for which Material's script loads mermaid from unpkg.com (its bundle's "pre.mermaid")."""
 
     SKIP = {"pre", "code", "script", "style", "textarea", "math", "svg"}
     LOADS = {("link", "href"), ("script", "src"), ("img", "src"), ("source", "src"), ("iframe", "src"),
@@ -172,11 +174,15 @@ class Prose(HTMLParser):
     def __init__(self):
         super().__init__()
         self.text, self.maths, self.loads, self.styles, self.skipping, self.hidden = [], 0, [], [], [], 0
+        self.mermaid = 0
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
         self.maths += tag == "math"
         self.loads += [attrs[name] for t, name in self.LOADS if t == tag and attrs.get(name)]
+        self.loads += [src.split()[0] for src in (attrs.get("srcset") or "").split(",") if src.strip()]
+        self.styles += [attrs["style"]] if attrs.get("style") else []
+        self.mermaid += "mermaid" in (attrs.get("class") or "").split()
         if tag in self.SKIP:
             self.skipping.append(tag)
         if tag == "div" and "clipboard-copy-txt" in (attrs.get("class") or ""):  # mkdocs-jupyter's copy of the code
@@ -202,13 +208,20 @@ RAW_TEX = re.compile(r"\$[^$\s][^$]*\$|\\[(\[]|\\(?:frac|sum|text|cdot|Psi|log|t
 REMOTE = re.compile(r"^(?:https?:)?//", re.I)
 
 
+def css_remote(css):
+    """The other hosts' addresses a stylesheet (or a script's import()) loads: url(...), @import "...", import(...)."""
+    found = re.findall(r"""url\(\s*['"]?((?:https?:)?//[^)'"]+)|@import\s+['"]((?:https?:)?//[^'"]+)"""
+                       r"""|import\(\s*['"]((?:https?:)?//[^'"]+)""", css)
+    return [address for groups in found for address in groups if address]
+
+
 def page_facts(text):
     parser = Prose()
     parser.feed(text)
     prose = " ".join(parser.text)
     remote = [a for a in parser.loads if REMOTE.match(a)]
-    remote += re.findall(r"""url\(\s*['"]?((?:https?:)?//[^)'"]+)|@import\s+['"]((?:https?:)?//[^'"]+)"""
-                         r"""|import\(\s*['"]((?:https?:)?//[^'"]+)""", " ".join(parser.styles))
+    remote += css_remote(" ".join(parser.styles))
+    remote += ["a mermaid diagram (class=\"mermaid\": Material loads mermaid from unpkg.com)"] * parser.mermaid
     return prose, parser.maths, remote
 
 
@@ -221,6 +234,12 @@ def test_the_checks_catch_a_planted_page():
     prose, maths, remote = page_facts(planted)
     assert RAW_TEX.findall(prose) == [r"$\frac{p-1}{p}S$", "\\("] and maths == 0
     assert remote == ["https://fonts.googleapis.com/css?family=Roboto"]
+    more = page_facts('<img src="a.png" srcset="a2.png 2x, https://cdn.example/a3.png 3x">'
+                      '<div style="background: url(//cdn.example/bg.png)"></div><pre class="mermaid">graph LR</pre>'
+                      '<style>@import "https://fonts.example/f.css";</style>')[2]
+    assert more[:3] == ["https://cdn.example/a3.png", "//cdn.example/bg.png", "https://fonts.example/f.css"], more
+    assert len(more) == 4 and "mermaid" in more[3], more
+    assert css_remote("@import url('https://x.example/a.css'); @import 'local.css'") == ["https://x.example/a.css"]
     prose, maths, _ = page_facts(hooks.render_tex(planted))
     assert not RAW_TEX.search(prose) and maths == 2, prose
     assert "echo $HOME $PATH" in hooks.render_tex(planted), "TeX-like text in code is left alone"
@@ -257,8 +276,7 @@ def test_no_page_loads_anything_from_another_host(built):
     for page in sorted(out.rglob("*.html")):
         remote += [f"{page.relative_to(out)}: {a}" for a in page_facts(page.read_text())[2]]
     for css in sorted(out.rglob("*.css")):
-        remote += [f"{css.relative_to(out)}: {m}" for m in re.findall(r"url\(\s*['\"]?((?:https?:)?//[^)'\"]+)",
-                                                                    css.read_text())]
+        remote += [f"{css.relative_to(out)}: {address}" for address in css_remote(css.read_text())]
     assert not remote, f"{len(remote)} request(s) to another host:\n" + "\n".join(sorted(set(remote))[:20])
 
 
@@ -283,12 +301,25 @@ def test_a_notebook_page_is_titled_by_its_first_heading_with_its_code(built):
                      r'<span class="md-ellipsis">\s*Is it right\? Against <code>dist.all_reduce</code>', page)
 
 
+def banner(page):
+    """The text of a notebook page's banner, <p class="page-source"> (website/build.py); AssertionError if none."""
+    found = re.findall(r'<p class="page-source">(.*?)</p>', page, re.S)
+    assert len(found) == 1, f"{len(found)} banners"
+    return html.unescape(re.sub(r"<[^>]+>", "", found[0]))
+
+
 def test_the_banner_says_not_executed_only_without_outputs(built):
     out, _, _ = built
+    # the phrase counts only inside the banner: a page saying "not executed" in its prose has no banner
+    with pytest.raises(AssertionError, match="0 banners"):
+        banner("<p>This cell is not executed.</p>")
+    assert banner('<p class="page-source">This page: <b>not executed</b>: no outputs.</p>').startswith(
+        "This page: not executed")
     for path in NOTEBOOKS:
         text = (out / path.parent.name / (path.stem + ".html")).read_text()
         outputs = len(re.findall(r'class="[^"]*\bjp-OutputArea-output\b', text))
-        assert ("not executed" in text) == (outputs == 0), f"{path.name}: {outputs} outputs, banner disagrees"
+        said = banner(text)
+        assert ("not executed" in said) == (outputs == 0), f"{path.name}: {outputs} outputs, banner {said!r}"
 
 
 def test_a_saved_notebook_with_outputs_is_not_called_unexecuted(tmp_path):
