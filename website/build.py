@@ -11,7 +11,9 @@ Which executed copy of a notebook becomes its page, first found wins:
    back from a GPU machine, so the site shows GPU outputs without the builder having a GPU;
 2. ``build/course/``: ``make course``, every notebook with its full parameters;
 3. ``build/test/ws2/``: the test suite's papermill runs (small parameters, 2 ranks);
-4. the notebook as stored in git, with no outputs (the page says so): nothing is executed here.
+4. the notebook as it is on disk: as stored in git, with no outputs (the page says "not executed"), or with
+   the outputs it was saved with in JupyterLab (the page says so). Nothing is executed here:
+   ``make site-executed`` runs ``make course`` first.
 
 Each page starts with a line saying which of these it shows. Navigation follows the course map (the table
 of README.md): each lesson, then its lab; a notebook the table does not name is listed after it. Widgets
@@ -39,7 +41,8 @@ WIDGET_NOTE = ("<p class=\"widget-note\"><em>An interactive widget is here in Ju
                "kernel); the output below it shows its default.</em></p>")
 SOURCES = {"course": "executed with the lesson's full parameters (<code>make course</code>)",
            "ws2": "executed with the test suite's small parameters on 2 ranks",
-           "stored": "<b>not executed</b>: no outputs (run <code>make course</code>, then <code>make site</code>)"}
+           "stored": "<b>not executed</b>: no outputs (run <code>make site-executed</code>)",
+           "saved": "the notebook as saved in this copy of the course, with the outputs it was saved with"}
 
 
 def course_notebooks():
@@ -50,14 +53,19 @@ def course_notebooks():
 FOLDERS = [(ROOT / "build" / "course", SOURCES["course"]), (ROOT / "build" / "test" / "ws2", SOURCES["ws2"])]
 
 
+def has_outputs(path: Path) -> bool:
+    return any(c.get("outputs") for c in json.loads(path.read_text())["cells"])
+
+
 def find_executed(path: Path, executed: Path | None, folders=None):
-    """(the notebook to show, where it came from): the first executed copy found, else the stored one."""
+    """(the notebook to show, where it came from): the first executed copy found, else the stored one (which says
+    whether it has outputs: one run in JupyterLab and saved keeps them on disk until git's filter strips them)."""
     candidates = ([(executed, f"executed copy from {executed.name}/")] if executed else [])
     for folder, label in candidates + (FOLDERS if folders is None else folders):
         for copy in (folder / path.parent.name / path.name, folder / path.name):  # as make course writes, or flat
-            if copy.is_file() and any(c.get("outputs") for c in json.loads(copy.read_text())["cells"]):
+            if copy.is_file() and has_outputs(copy):
                 return copy, label
-    return path, SOURCES["stored"]
+    return path, SOURCES["saved" if has_outputs(path) else "stored"]
 
 
 def static_widgets(nb: dict) -> dict:
@@ -142,7 +150,9 @@ def build(out: Path, executed: Path | None = None, strict: bool = False, folders
         "site_name": "Distributed deep-learning training, by doing",
         "docs_dir": "docs", "site_dir": str(out.resolve()),
         "use_directory_urls": False,  # notebooks/01_collectives.html: the lessons' own links then work
-        "theme": {"name": "material", "features": ["navigation.sections", "navigation.footer"]},
+        # font: false: Material's default asks fonts.googleapis.com for Roboto (its base.html, block "fonts"); the
+        # site uses the system's fonts, so a page makes no request to another host and reads the same offline.
+        "theme": {"name": "material", "font": False, "features": ["navigation.sections", "navigation.footer"]},
         "extra_css": ["site.css"],
         "hooks": [str(HERE / "hooks.py")],
         # Only notebooks become pages: the .py files the lessons link to (scripts, utils, solutions) are copied as
@@ -150,7 +160,9 @@ def build(out: Path, executed: Path | None = None, strict: bool = False, folders
         # through nbconvert as well: 161 more pages, 58% of the build's CPU time (103 s -> 43 s, measured).
         "plugins": [{"mkdocs-jupyter": {"include": ["*.ipynb"], "include_source": True, "ignore_h1_titles": False,
                                         "include_requirejs": False, "execute": False}}],
-        "markdown_extensions": ["tables", "attr_list", "md_in_html", "pymdownx.arithmatex"],
+        # arithmatex keeps a Markdown page's TeX out of Markdown's hands; generic: its plain \(...\) form, which
+        # hooks.py renders as MathML with every notebook page's TeX
+        "markdown_extensions": ["tables", "attr_list", "md_in_html", {"pymdownx.arithmatex": {"generic": True}}],
         "validation": {"links": {"not_found": "warn", "anchors": "ignore"}},
         "nav": nav((ROOT / "README.md").read_text(), pages),
     }
