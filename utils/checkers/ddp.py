@@ -98,7 +98,8 @@ class AllReduceLog:
 
     The calls are seen where every path to a process group meets (``utils.comm.process_group_calls.observe``), so
     ``dist.all_reduce``, an ``all_reduce`` imported by name before the check and ``distributed_c10d.all_reduce``
-    count alike; a wait is seen on ``Work.wait`` itself, the method every work object has. The rank function sets
+    count alike; a wait is seen on ``Work.wait`` itself, the method of gloo's and NCCL's works (torch's ``FakeWork`` and
+    ``PythonCallbackWork`` have their own; a wait through ``get_future()`` is not seen). The rank function sets
     ``in_backward`` around ``loss.backward()``.
     """
 
@@ -216,7 +217,9 @@ def _check_pattern(n, runs, probe, cap):
         per_tensor = len(got) == len(size) - 1 and len(want) < len(got)  # one call per trainable tensor
         raise LabCheckFailed("not_bucketed" if per_tensor else "buckets", f"bucket_cap_bytes={cap}: a step made "
                              f"{len(got)} all-reduces of {got} bytes; buckets closed at {cap:,} bytes make "
-                             f"{len(want)} of {sorted(want)}.", HINTS["not_bucketed" if per_tensor else "buckets"], n)
+                             f"{len(want)} of {sorted(want)}." + (" No all-reduce reached a process group: the buckets must be "
+                             "all-reduced with dist.all_reduce." if not got else ""),
+                             HINTS["not_bucketed" if per_tensor else "buckets"], n)
     for k, step in enumerate(steps[1:], 1):
         if sorted(b for b, _, _ in step["calls"]) != got:
             raise LabCheckFailed("not_reset", f"bucket_cap_bytes={cap}: step 0 made {len(got)} all-reduces of "

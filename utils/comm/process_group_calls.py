@@ -118,11 +118,10 @@ def _entered(frame, method):
 
 
 def _async_op(frame, op):
-    """``async_op`` in the frame of the ``torch.distributed`` function ``op`` above ``frame``; None if none is."""
+    """``async_op`` of the ``torch.distributed`` function ``op`` whose frame is above ``frame``; None if none is."""
     while frame is not None:
         if frame.f_code.co_name == op and frame.f_code.co_filename.startswith(_TORCH_DIST):
-            flag = frame.f_locals.get("async_op")
-            return None if flag is None else bool(flag)
+            return bool(frame.f_locals.get("async_op"))  # torch runs a falsy one (None too) synchronously
         frame = frame.f_back
     return None
 
