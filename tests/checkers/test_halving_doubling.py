@@ -466,6 +466,26 @@ def test_a_rank_that_exits_is_a_crash_shown_with_the_answers_line_only():
     assert "on_rank, line" not in shown and "halving_doubling.py" not in shown, shown
 
 
+def halving_short_receive(tensor):
+    """Rank 1 receives its partner's half into one element too few: gloo aborts that rank (SIGABRT), no exception."""
+    v, flat = dist.get_rank(), tensor.view(-1)
+    half = flat.numel() // 2
+    give, keep = (flat[half:], flat[:half]) if v == 0 else (flat[:half], flat[half:])
+    incoming = torch.empty(keep.numel() - (v == 1), dtype=flat.dtype)  # planted: one element short on rank 1
+    sendrecv(give, 1 - v, incoming, 1 - v)
+    keep[:incoming.numel()] += incoming
+    return tensor
+
+
+def test_a_rank_aborted_by_a_short_receive_is_named_size_mismatch():
+    """Issue 36: a rank that dies of gloo's abort is named, with the torch call and the answer's line, not `crash`."""
+    rejected = expect_rejection(check_halving_reduce_scatter, halving_short_receive, world_sizes=(2,), timeout=30,
+                                mistake="size_mismatch", phrase="rank 1 was aborted (SIGABRT) ")
+    assert "sendrecv(give, 1 - v, incoming, 1 - v)" in rejected.what, rejected.what
+    assert "utils/checkers" not in rejected.what, rejected.what
+    expect_panel(rejected)
+
+
 def test_a_hang_names_the_answers_line_and_a_rank_waiting_outside_it():
     rejected = expect_rejection(check_halving_reduce_scatter, halving_one_side_waits, world_sizes=(2,), timeout=10,
                                 mistake="deadlock", phrase="were stopped")

@@ -67,6 +67,8 @@ def launch_answer(fn, args, world_size, timeout, name, hang_hint):
         raise LabCheckFailed("deadlock", f"the ranks were still running after {timeout:g} s and were stopped; "
                              f"where each stuck rank waited:\n{stuck}", hang_hint, world_size) from None
     except RankError as err:
+        if aborted := aborted_message(err):
+            raise LabCheckFailed("size_mismatch", aborted, SIZE_MISMATCH_HINT, world_size) from None
         raise LabCheckFailed("crash", crashed(err), f"{name} must run on every rank without error; the lines "
                              "above are where it stopped in your code.", world_size) from None
 
@@ -87,6 +89,31 @@ def crashed(err):
     head = f"rank {err.rank} crashed: {report.get('type', 'error')}: {report.get('message', err)}"
     mine = [_frame_text(f) for f in ANY_FRAME.finditer(report.get("traceback", "")) if is_learners(f["file"])]
     return "\n".join([head] + (mine or ["outside your code"]))
+
+
+SIZE_MISMATCH_HINT = ("make both sides of every message agree on its size: a receive needs a tensor at least as large "
+                      "as what its partner sends, and a collective the same shape on every rank. Print the chunk "
+                      "bounds each rank computes at that step, sender and receiver side by side.")
+
+
+def aborted_message(err):
+    """What to tell a learner when a rank was aborted (SIGABRT) rather than raising, or None for another crash.
+
+    gloo aborts the process, with no Python exception to catch, when one message does not fit the tensor it lands
+    in: a ``recv``/``irecv`` into a smaller tensor than was sent, a ``broadcast``, ``all_reduce`` or ``all_gather``
+    whose tensors differ in size between ranks (each measured, torch 2.13 on CPU). A receive into a larger tensor
+    does not abort. So a SIGABRT is named, with where it happened: the torch call and the answer's line."""
+    report = err.reports.get(err.rank) or {}
+    if report.get("type") != "died" or "SIGABRT" not in report.get("message", ""):
+        return None
+    frames = list(ANY_FRAME.finditer(report.get("traceback", "")))
+    mine = [_frame_text(f) for f in reversed(frames) if is_learners(f["file"])]  # faulthandler: innermost first
+    call = next((f["fn"] for f in frames if "/torch/distributed/" in f["file"] and f["fn"] != "wrapper"), None)
+    inside = f"in torch's {call}" if call else "while it waited on a message"
+    return "\n".join([f"rank {err.rank} was aborted (SIGABRT) {inside}, with no Python error: gloo ends a process "
+                      "this way when a message does not fit the tensor it is received into (a receive smaller than "
+                      "what was sent, or a collective whose tensors differ in size between ranks)"]
+                     + (mine or ["outside your code"]))
 
 
 def stuck_at(stack):
