@@ -239,6 +239,46 @@ class EarlyBoundBlocking(EarlyBound):
             self.pending[i] = (flat, dist.barrier(async_op=True))  # something to wait on
 
 
+class WaitedThroughFuture(BucketedDDP):
+    """async_op=True, then waited on in the hook through the work's future: blocking, whatever the waiting call."""
+
+    def _grad_ready(self, param):
+        super()._grad_ready(param)
+        i = self.bucket_of[id(param)]
+        if self.pending[i] is not None:
+            self.pending[i][1].get_future().wait()
+
+
+class WaitedAllAtOnce(BucketedDDP):
+    """torch.futures.wait_all on the bucket's future, in the hook."""
+
+    def _grad_ready(self, param):
+        super()._grad_ready(param)
+        i = self.bucket_of[id(param)]
+        if self.pending[i] is not None:
+            torch.futures.wait_all([self.pending[i][1].get_future()])
+
+
+class PolledUntilDone(BucketedDDP):
+    """Polls is_completed() in the hook until the all-reduce is done: no wait() call at all, still blocking."""
+
+    def _grad_ready(self, param):
+        super()._grad_ready(param)
+        i = self.bucket_of[id(param)]
+        if self.pending[i] is not None:
+            while not self.pending[i][1].is_completed():
+                pass
+
+
+class BarrierAfterLaunch(BucketedDDP):
+    """async_op=True, then a barrier in the hook: gloo's barrier waits for the all-reduce before it."""
+
+    def _grad_ready(self, param):
+        super()._grad_ready(param)
+        if self.pending[self.bucket_of[id(param)]] is not None:
+            dist.barrier()
+
+
 class BroadcastParametersOnly(BucketedDDP):
     def __init__(self, model, bucket_cap_bytes):
         buffers = {k: b.clone() for k, b in model.named_buffers()}
@@ -278,6 +318,10 @@ def test_bucketed_ddp_rejects_a_bad_cap():
     (CountsTheFrozenOne, (2,), "never_launched", "never launched"),  # once frozen_reduced, as any NoneType
     (EarlyBoundWaitedAtOnce, (2,), "blocking", "waited on inside backward"),
     (EarlyBoundBlocking, (2,), "blocking", "async_op=True"),
+    (WaitedThroughFuture, (2,), "blocking", "waited on inside backward"),
+    (WaitedAllAtOnce, (2,), "blocking", "waited on inside backward"),
+    (PolledUntilDone, (2,), "blocking", "waited on inside backward"),
+    (BarrierAfterLaunch, (2,), "blocking", "dist.barrier() call(s) during backward"),
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_ddp_rejects(wrong, world_sizes, mistake, phrase):
     expect_rejection(check_ddp, wrong, world_sizes=world_sizes, steps=2, mistake=mistake, phrase=phrase)

@@ -12,6 +12,9 @@ gradient after backward, gets them too. So three kinds of evidence:
   forgotten division).
 """
 
+import threading
+import time
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -91,48 +94,65 @@ STEP_PHRASES = [("has no attribute 'wait'", "no_work"), ("has no attribute 'is_c
                 *((f"'NoneType' object has no attribute '{use}'", "frozen_reduced") for use in _TENSOR_USES)]
 
 
+HOLD = 0.5  # seconds a held all-reduce completes after the real one: far longer than the rest of ToyNet's backward
+
+
 class AllReduceLog:
     """Inside a rank: note every all-reduce the answer makes as (bytes, async_op, issued during backward?), and
-    count the waits on the works of its async all-reduces made during backward: the flag async_op=True is not
-    the behaviour; a work waited on at once, in the hook, overlaps nothing.
+    judge by behaviour whether backward stood still while one travelled.
 
     The calls are seen where every path to a process group meets (``utils.comm.process_group_calls.observe``), so
     ``dist.all_reduce``, an ``all_reduce`` imported by name before the check and ``distributed_c10d.all_reduce``
-    count alike; a wait is seen on ``Work.wait`` itself, the method of gloo's and NCCL's works (torch's ``FakeWork`` and
-    ``PythonCallbackWork`` have their own; a wait through ``get_future()`` is not seen). The rank function sets
-    ``in_backward`` around ``loss.backward()``.
+    count alike. With ``hold=True`` the first all-reduce issued during backward is *held*: the answer gets, instead
+    of gloo's work, one made from a future (``_create_work_from_future``) that completes ``HOLD`` seconds after the
+    real one, however the answer waits for it (``wait()``, ``get_future().wait()``, ``torch.futures.wait_all``,
+    polling ``is_completed()``, a synchronous call, which waits on the work it gets). If it completes while
+    backward is still running, backward waited for it (``held_in_backward``); an answer that overlaps finishes
+    backward within milliseconds and waits in ``finish()``. (A synchronous all-reduce run by a thread of the
+    answer's own does not hold backward and is not judged blocking; but the call is dated when the thread makes
+    it, so a bucket its thread sends after backward returned is judged ``after_backward``.) A ``barrier`` during backward is counted apart
+    (``barriers_in_backward``): gloo's barrier waits for every earlier collective of its group (ProcessGroupGloo),
+    which the held work, completing after the real one, does not show. The rank function sets ``in_backward``
+    around ``loss.backward()``.
     """
 
     in_backward = False
 
-    def __init__(self):
-        self.calls, self.waited_in_backward, self._works = [], 0, []
+    def __init__(self, hold=False):
+        self.calls, self.barriers_in_backward, self.held_in_backward = [], 0, None
+        self._hold, self._threads = hold, []
 
     def _seen(self, call):
+        if call.op == "barrier" and self.in_backward:
+            self.barriers_in_backward += 1
         if call.op != "all_reduce":
-            return
-        is_async = call.async_op is not False  # None: group.allreduce called directly, which waits for nothing
-        self.calls.append((payload_bytes(call), is_async, self.in_backward))
-        if is_async and call.work is not None:
-            self._works.append(call.work)  # the waits on these are the ones counted
+            return None
+        self.calls.append((payload_bytes(call), call.async_op is not False, self.in_backward))
+        if not (self._hold and self.in_backward and call.work is not None and self.held_in_backward is None):
+            return None
+        self.held_in_backward, held = False, torch.futures.Future()
+
+        def complete(real=call.work):
+            try:
+                real.wait()
+                time.sleep(HOLD)
+                self.held_in_backward = self.in_backward  # still in backward: it waited for this work
+                held.set_result(real.get_future().value())
+            except Exception as exc:  # noqa: BLE001 - the real all-reduce failed: the answer's wait raises it
+                held.set_exception(exc)
+
+        self._threads.append(threading.Thread(target=complete, daemon=True))
+        self._threads[-1].start()
+        return torch._C._distributed_c10d._create_work_from_future(held)
 
     def __enter__(self):
-        work_class = torch._C._distributed_c10d.Work
-        original = work_class.__dict__["wait"]  # the method itself, put back as it was
-
-        def wait(work, *args, **kwargs):
-            if self.in_backward and any(work is w for w in self._works):
-                self.waited_in_backward += 1
-            return original(work, *args, **kwargs)
-
-        self._restore = lambda: setattr(work_class, "wait", original)
         self._observing = observe(self._seen)
         self._observing.__enter__()
-        work_class.wait = wait
         return self
 
     def __exit__(self, *exc):
-        self._restore()
+        for thread in self._threads:
+            thread.join(timeout=HOLD + 30)
         return self._observing.__exit__(*exc)
 
 
@@ -168,13 +188,13 @@ def _on_rank(ddp_class, x, y, batches, lr, seed, caps):
                 mine = idx.view(n, -1)[rank]  # this rank's equal share of the global batch
                 opt.zero_grad()
                 loss = F.cross_entropy(model(x[mine]), y[mine])
-                with CommLedger() as ledger, AllReduceLog() as log:
+                with CommLedger() as ledger, AllReduceLog(hold=step == 0) as log:
                     log.in_backward = True
                     loss.backward()  # the hooks should launch every bucket in here
                     log.in_backward = False
                     ddp.finish()
                 run["steps"].append(dict(calls=log.calls, payload=ledger.total("payload_bytes"),
-                                         waited=log.waited_in_backward))
+                                         held=log.held_in_backward, barriers=log.barriers_in_backward))
                 if step == 0:
                     run["grads"] = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
                 opt.step()
@@ -230,15 +250,18 @@ def _check_pattern(n, runs, probe, cap):
         raise LabCheckFailed("after_backward", f"bucket_cap_bytes={cap}: {len(late)} of the {len(got) * len(steps)} "
                              f"all-reduces ({sorted(set(late))} bytes) were issued after backward had returned.",
                              HINTS["after_backward"], n)
-    blocking = [b for step in steps for b, is_async, _ in step["calls"] if not is_async]
-    if blocking:
-        raise LabCheckFailed("blocking", f"bucket_cap_bytes={cap}: {len(blocking)} all-reduces were synchronous "
-                             "(no async_op=True): backward stood still while each travelled.", HINTS["blocking"], n)
-    waited = sum(step["waited"] for step in steps)
-    if waited:
-        raise LabCheckFailed("blocking", f"bucket_cap_bytes={cap}: async_op=True, but {waited} of the "
-                             f"{len(got) * len(steps)} works were waited on inside backward, at once: backward stood "
-                             "still while each travelled, as with a synchronous call.", HINTS["blocking"], n)
+    barriers = sum(step["barriers"] for step in steps)
+    if barriers:
+        raise LabCheckFailed("blocking", f"bucket_cap_bytes={cap}: {barriers} dist.barrier() call(s) during backward: "
+                             "a barrier waits for every collective issued before it, so backward stood still while "
+                             "each all-reduce travelled.", HINTS["blocking"], n)
+    if steps[0]["held"]:
+        sync = [b for b, is_async, during in steps[0]["calls"] if during and not is_async]
+        raise LabCheckFailed("blocking", f"bucket_cap_bytes={cap}: " + (
+            f"{len(sync)} all-reduces were synchronous (no async_op=True): backward stood still while each travelled."
+            if sync else "async_op=True, but backward waited for the first bucket's all-reduce before it went on "
+            "(its work was waited on inside backward): it overlaps nothing, as with a synchronous call."),
+            HINTS["blocking"], n)
     return want
 
 
