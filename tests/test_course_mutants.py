@@ -74,3 +74,34 @@ def test_every_lab_solution_has_mutants(name):
     lab = LABS[name]
     found = mutants((ROOT / "labs" / "solutions" / f"{lab.solution}.py").read_text(), lab.answers)
     assert len(found) >= 20
+
+
+def test_the_readme_shows_the_recorded_scores():
+    """README's table between its markers is what utils/course/mutants/scores.py writes from the recorded runs."""
+    from utils.course.mutants import scores
+
+    text = scores.README.read_text()
+    assert text.count(scores.BEGIN) == 1 and text.count(scores.END) == 1
+    assert scores.readme_block() in text, "README's mutation table is stale: python -m utils.course.mutants --record"
+
+
+def test_a_sampled_run_is_not_recorded(tmp_path, monkeypatch):
+    import json
+
+    from utils.course.mutants import scores
+
+    monkeypatch.setattr(scores, "SCORES", tmp_path / "scores.json")
+    monkeypatch.setattr(scores, "README", tmp_path / "README.md")
+    (tmp_path / "README.md").write_text(f"a\n{scores.BEGIN}\n{scores.END}\nb\n")
+    run = dict(lab="06_pipeline_lab", mutants=47, tried=47, equivalent=1, named=45, unnamed=1, missed=0,
+               seconds=60.0, score=1.0, named_share=45 / 46, records=[
+                   dict(index=3, kind="constant", outcome="unnamed", mistake="crash", diff="x = 1  ->  x = 2")])
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "06_pipeline_lab.json").write_text(json.dumps(run))
+    assert scores.record(tmp_path / "out") == ["06_pipeline_lab"]
+    readme = (tmp_path / "README.md").read_text()
+    assert "| 06_pipeline_lab | 47 | 1 | 45 | 1 | 0 | 97.8% |" in readme and readme.endswith(f"{scores.END}\nb\n")
+    assert any("#3 (constant, unnamed)" in line for line in scores.details_lines())
+    (tmp_path / "out" / "06_pipeline_lab.json").write_text(json.dumps(dict(run, tried=10)))
+    with pytest.raises(ValueError, match="10 of 47 mutants tried"):
+        scores.record(tmp_path / "out")

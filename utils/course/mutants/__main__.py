@@ -4,6 +4,7 @@
     python -m utils.course.mutants --lab 06_pipeline_lab --sample 30 --seed 0
     python -m utils.course.mutants --list               # how many mutants of each kind, nothing run
     python -m utils.course.mutants --table              # the table and the misses again, from build/mutants/*.json
+    python -m utils.course.mutants --record             # store the full runs in utils/course/mutation_scores.json
 """
 
 import argparse
@@ -36,9 +37,15 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "mutants")
     parser.add_argument("--list", action="store_true", help="count each lab's mutants by kind, run nothing")
     parser.add_argument("--table", action="store_true", help="print the table and the misses of the last runs")
+    parser.add_argument("--record", action="store_true", help="store the last full runs (build/mutants) in "
+                        "utils/course/mutation_scores.json and the README's table; then `make guide`")
     args = parser.parse_args(argv)
     if args.table:
         return stored(args.out, args.lab)
+    if args.record:
+        from .scores import SCORES, record
+        print(f"recorded {', '.join(record(args.out, args.lab))} in {SCORES.relative_to(ROOT)} and README.md")
+        return None
     counts = {name: mutants((ROOT / "labs" / "solutions" / f"{lab.solution}.py").read_text(), lab.answers)
               for name, lab in LABS.items() if not args.lab or name in args.lab}
     order = sorted(counts, key=lambda name: len(counts[name]))
