@@ -78,13 +78,14 @@ class AsyncButWaitedAtOnce(BucketedDDP):
             self.pending[i][1].wait()  # backward stands still here until the bytes have travelled
 
 
-def _buckets_by(model, cap, size_of, closed):
-    """The reference's buckets, sized by ``size_of(p)`` and closed when ``closed(size, cap)``."""
+def _buckets_by(model, cap, size_of, closed, restart=0):
+    """The reference's buckets, sized by ``size_of(p)``, closed when ``closed(size, cap)``, a new one counted from
+    ``restart``."""
     buckets, size = [[]], 0
     for p in [p for p in model.parameters() if p.requires_grad][::-1]:
         if closed(size, cap):
             buckets.append([])
-            size = 0
+            size = restart
         buckets[-1].append(p)
         size += size_of(p)
     return buckets
@@ -110,6 +111,24 @@ class CapInElements(ClosedOnlyPastTheCap):
     def __init__(self, model, bucket_cap_bytes):
         BucketedDDP.__init__(self, model, bucket_cap_bytes)
         self._rebucket(_buckets_by(model, bucket_cap_bytes, lambda p: p.numel(), lambda size, cap: size >= cap))
+
+
+class RestartedOneLow(ClosedOnlyPastTheCap):
+    """Each bucket after the first counted from -1 byte: right until a later bucket fills its cap exactly."""
+
+    def __init__(self, model, bucket_cap_bytes):
+        BucketedDDP.__init__(self, model, bucket_cap_bytes)
+        self._rebucket(_buckets_by(model, bucket_cap_bytes, lambda p: p.numel() * p.element_size(),
+                                   lambda size, cap: size >= cap, restart=-1))
+
+
+class RestartedOneHigh(ClosedOnlyPastTheCap):
+    """Each bucket after the first counted from +1 byte: right until a later bucket stops one byte short of its cap."""
+
+    def __init__(self, model, bucket_cap_bytes):
+        BucketedDDP.__init__(self, model, bucket_cap_bytes)
+        self._rebucket(_buckets_by(model, bucket_cap_bytes, lambda p: p.numel() * p.element_size(),
+                                   lambda size, cap: size >= cap, restart=1))
 
 
 class NotDivided(BucketedDDP):
@@ -293,6 +312,7 @@ def test_expected_buckets_follow_the_cap():
     assert expected_buckets(model, 1 << 20) == [36_136]
     assert expected_buckets(model, 4096) == [19_496, 16_640]
     assert expected_buckets(model, 1) == [40, 2560, 256, 256, 16_384, 256, 16_384]
+    assert expected_buckets(model, 512) == expected_buckets(model, 257) == [2600, 512, 16_384, 16_640]
 
 
 def test_bucketed_ddp_rejects_a_bad_cap():
@@ -308,6 +328,8 @@ def test_bucketed_ddp_rejects_a_bad_cap():
     (AsyncButWaitedAtOnce, (2,), "blocking", "waited on inside backward"),
     (ClosedOnlyPastTheCap, (2,), "buckets", "honour the cap"),
     (CapInElements, (2,), "buckets", "bytes"),
+    (RestartedOneLow, (2,), "buckets", "bucket_cap_bytes=512"),  # found by make mutants: equivalent before
+    (RestartedOneHigh, (2,), "buckets", "bucket_cap_bytes=257"),
     (NotDivided, (3,), "not_divided", "divide by dist.get_world_size()"),
     (NeverReset, (2,), "not_reset", "reset what each bucket waits for"),
     (TiedTwice, (2,), "tied_twice", "remove_duplicate=False"),

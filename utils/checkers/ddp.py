@@ -28,8 +28,10 @@ from ..models import ToyNet
 from .common import GRAD_TOL, WEIGHT_TOL, CheckResult, LabCheckFailed, caught, close, first_error, launch_answer, raise_if_error
 
 # bytes: one bucket for all of ToyNet; two; three, the first filled exactly to its cap (head.bias + head.weight:
-# 40 + 2,560 B; a bucket closed only past the cap, or a cap counted in elements, makes others); one per gradient (7)
-CAPS = (1 << 20, 4096, 2600, 1)
+# 40 + 2,560 B; a bucket closed only past the cap, or a cap counted in elements, makes others); four, the second
+# filled exactly (256 + 256 B: a count restarted at -1 runs past it); four again at 257, where the second stops at
+# 256 + 256 B (a count restarted at +1 closes it at 256: both measured by make mutants); one per gradient (7)
+CAPS = (1 << 20, 4096, 2600, 512, 257, 1)
 
 HINTS = {
     "deadlock": "some rank makes a collective call that the others skip (a bucket launched on one rank only?), or "
