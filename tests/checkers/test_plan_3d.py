@@ -77,6 +77,22 @@ uncaught = planted(catch=False)  # Plan(...) raises when dp * micro_batch does n
 ignores_cap = planted(under=lambda total, cap: total <= 80e9 if cap > 1e6 else total <= cap)  # the GPU's memory
 
 
+no_zero_2 = planted(zero_stages=(0, 1, 3))  # found by make mutants: passed every job until a job needed ZeRO-2
+
+
+def none_when_nothing_fits(model, cluster, n_gpus, global_batch, precision, cap):
+    """The search, but None where the lab asks for a ValueError (the reference's raise dropped)."""
+    try:
+        return _search(model, cluster, n_gpus, global_batch, precision, cap)
+    except ValueError:
+        return None
+
+
+def index_error_when_nothing_fits(model, cluster, n_gpus, global_batch, precision, cap):
+    plans = [] if cap == 1e9 else [_search(model, cluster, n_gpus, global_batch, precision, cap)]  # the no-fit job
+    return plans[0]  # an IndexError, not the ValueError the lab asks for
+
+
 def calls_best_plans(model, cluster, n_gpus, global_batch, precision, cap):
     return best_plans(model, dataclasses.replace(cluster, memory_bytes=cap), n_gpus, global_batch,
                       precision=precision)[0][1]
@@ -155,6 +171,9 @@ def own_bug(model, cluster, n_gpus, global_batch, precision, cap):
 @pytest.mark.parametrize("wrong, mistake, phrase", [
     (old_rule, "zero_stage", "with or without a pipeline"),
     (no_zero, "zero_stage", "try every ZeRO stage"),
+    (no_zero_2, "zero_stage", "cap 1.7 GB"),
+    (none_when_nothing_fits, "no_fit", "returned None"),
+    (index_error_when_nothing_fits, "no_fit", "IndexError"),
     (no_recompute, "several", "several mistakes share this symptom"),  # mesh or checkpointing held
     (no_interleaving, "v", "interleaved"),
     (no_tp, "mesh", "every tp dividing"),

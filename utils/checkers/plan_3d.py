@@ -57,6 +57,8 @@ HINTS = {
     "several": "the fixes are listed above, one per knob: check which values of each your search skips.",
     "not_fastest": "a faster plan exists that differs in several knobs at once: search every combination.",
     "raised": "choose_plan must return a Plan for every job without raising; read the message and the line.",
+    "no_fit": "when no plan of the space is under memory_cap, raise ValueError naming the numbers, as the lab asks: "
+              "not another exception, not None, not a plan over the cap.",
     "judge_wrong": "not your mistake: the checker's own search or the planner is wrong. Report it with this message.",
     "cannot_run": "this lab's runner (lesson 09's step) cannot honour that knob; choose_plan's answer for the tiny "
                   "job must be runnable: see the lab's 'Step 2' for what runs.",
@@ -85,7 +87,11 @@ CASES = [
     ("Llama-2-7B, 2 nodes x 4 H100, cap 32 GB", planner.LLAMA2_7B, NODE4, 8, 64, "bf16", 32e9),  # ZeRO-1
     (f"Llama-2-7B, 2 nodes x 4 H100, cap {EXACT:,.0f} B", planner.LLAMA2_7B, NODE4, 8, 64, "bf16", EXACT),
     ("Llama-2-7B, batch 24, 2 nodes x 4 H100, cap 24 GB", planner.LLAMA2_7B, NODE4, 8, 24, "bf16", 24e9),
+    ("GPT-2 medium, 2 nodes x 4, cap 1.7 GB", GPT2_MEDIUM, NODE4_16GB, 8, 64, "bf16", 1.7e9),  # ZeRO-2 alone: ZeRO-1
+    # is over the cap and ZeRO-3 slower (found by make mutants: a search without ZeRO-2 passed every job above)
 ]
+# a job no plan of the lab's space fits (the smallest 7B plan needs 13.7 GB per rank): choose_plan must raise ValueError
+NO_FIT = ("Llama-2-7B, 2 nodes x 4 H100, cap 1 GB", planner.LLAMA2_7B, NODE4, 8, 64, "bf16", 1e9)
 
 
 def divisors(n):
@@ -118,8 +124,9 @@ def _knobs(plan):
                 zero_stage=plan.zero_stage, checkpointing=plan.checkpointing)
 
 
-def call_choose_plan(choose_plan, job, args):
-    """choose_plan(*args), any exception turned into a named mistake; a call to best_plans refused."""
+def call_choose_plan(choose_plan, job, args, no_fit=False):
+    """choose_plan(*args), any exception turned into a named mistake; a call to best_plans refused. ``no_fit``: the
+    job no plan fits, where a ValueError is the answer (let through) and any other exception the mistake no_fit."""
     __tracebackhide__ = True
     # the planner's search and the checker's own (which ships to learners too): a search the lab asks you to write
     targets = {planner.best_plans: "utils.planner.best_plans",
@@ -136,8 +143,9 @@ def call_choose_plan(choose_plan, job, args):
             tb = tb.tb_next
         return "divisibility" if isinstance(err, ValueError) and "/planner/" in tb.tb_frame.f_code.co_filename else None
 
+    how = dict(let_through=(ValueError,), mistake_of=lambda err: "no_fit") if no_fit else dict(mistake_of=planner_refused)
     plan, seen = watched_call(choose_plan, args, forbidden, where=f"{job}: choose_plan", hints=HINTS,
-                              mistake_of=planner_refused, guard=Guard(targets.items()))
+                              guard=Guard(targets.items()), **how)
     if seen:
         fail(HINTS, "used_best_plans", f"{job}: choose_plan called {seen}")
     return plan
@@ -215,7 +223,19 @@ def check_choose_plan(choose_plan, cases=CASES):
         lines.append(f"{job}: dp={plan.dp} tp={plan.tp} pp={plan.pp} v={plan.v} micro_batch={plan.micro_batch} "
                      f"ZeRO-{plan.zero_stage} {plan.checkpointing}: {est.memory.total / 1e9:.4g} GB, "
                      f"{est.step_time * 1e3:.3f} ms (fastest {best.step_time * 1e3:.3f} ms)")
+    lines.append(_no_fit(choose_plan, NO_FIT))
     return CheckResult("choose_plan: valid, under the cap, fastest by the planner", lines)
+
+
+def _no_fit(choose_plan, case):
+    """The job no plan fits: choose_plan must raise ValueError (anything else is the mistake ``no_fit``)."""
+    __tracebackhide__ = True
+    job, *args = case
+    try:
+        plan = call_choose_plan(choose_plan, job, args, no_fit=True)
+    except ValueError as err:
+        return f"{job}: no plan fits; raised ValueError: {str(err)[:120]}"
+    fail(HINTS, "no_fit", f"{job}: no plan of the lab's space is under the cap, but choose_plan returned {plan!r}")
 
 
 # ---------------------------------------------------------------- the plan's mesh on CPU ranks (notebook 09's step)
