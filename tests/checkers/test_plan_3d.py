@@ -78,6 +78,7 @@ ignores_cap = planted(under=lambda total, cap: total <= 80e9 if cap > 1e6 else t
 
 
 no_zero_2 = planted(zero_stages=(0, 1, 3))  # found by make mutants: passed every job until a job needed ZeRO-2
+no_zero_3 = planted(zero_stages=(0, 1, 2))  # the same for ZeRO-3
 
 
 def none_when_nothing_fits(model, cluster, n_gpus, global_batch, precision, cap):
@@ -172,6 +173,7 @@ def own_bug(model, cluster, n_gpus, global_batch, precision, cap):
     (old_rule, "zero_stage", "with or without a pipeline"),
     (no_zero, "zero_stage", "try every ZeRO stage"),
     (no_zero_2, "zero_stage", "cap 1.7 GB"),
+    (no_zero_3, "none_found", "cap 742 MB"),  # without ZeRO-3 nothing fits there
     (none_when_nothing_fits, "no_fit", "returned None"),
     (index_error_when_nothing_fits, "no_fit", "IndexError"),
     (no_recompute, "several", "several mistakes share this symptom"),  # mesh or checkpointing held
