@@ -25,13 +25,16 @@ from ..launch import rank_device
 from ..comm.ledger import CommLedger
 from ..comm.process_group_calls import observe, payload_bytes
 from ..models import ToyNet
+from .boundaries import bucket_caps
 from .common import GRAD_TOL, WEIGHT_TOL, CheckResult, LabCheckFailed, caught, close, first_error, launch_answer, raise_if_error
 
-# bytes: one bucket for all of ToyNet; two; three, the first filled exactly to its cap (head.bias + head.weight:
-# 40 + 2,560 B; a bucket closed only past the cap, or a cap counted in elements, makes others); four, the second
-# filled exactly (256 + 256 B: a count restarted at -1 runs past it); four again at 257, where the second stops at
-# 256 + 256 B (a count restarted at +1 closes it at 256: both measured by make mutants); one per gradient (7)
-CAPS = (1 << 20, 4096, 2600, 512, 257, 1)
+# bytes (utils.checkers.boundaries.bucket_caps on ToyNet's trainable gradients, last first: 40, 2,560, 256, 256,
+# 16,384, 256, 16,384 B): one bucket for all (1 MB); a cap reached inside a tensor (4 KB: a parameter is never
+# split); the first bucket filled exactly (2,600: a bucket closed only past the cap, or a cap counted in elements,
+# makes others); a later one filled exactly (256) and left one byte short (257): a count restarted at -1 or +1 byte
+# after the first bucket differs only there (found by make mutants); one per gradient (1)
+CAPS = tuple(cap for cap, _ in bucket_caps([p.numel() * p.element_size() for p in ToyNet().parameters()
+                                            if p.requires_grad][::-1], round_caps=(1 << 20, 4096)))
 
 HINTS = {
     "deadlock": "some rank makes a collective call that the others skip (a bucket launched on one rank only?), or "

@@ -27,6 +27,7 @@ from ..comm.ledger import RING_WIRE_FACTOR, CommLedger
 from ..comm.process_group_calls import observe, payload_bytes
 from ..comm.subgroup import chunk_bounds, reduce_scatter_chunks
 from ..launch import rank_device
+from .boundaries import element_counts
 from .common import LabCheckFailed, caught, first_error, launch_answer
 
 COLLECTIVES = set(RING_WIRE_FACTOR) - {"send", "isend", "recv", "irecv", "barrier"}  # all but point-to-point
@@ -104,9 +105,10 @@ def virtual_ranks(n):
 
 
 def cases(p):
-    """(numel, dtype) cases: one that cuts evenly into p chunks first, then 1 element, fewer than p, uneven, large."""
-    sizes = [4 * p] + sorted({1, max(1, p - 1), 4 * p + 1, 4 * p + 2, 25_003})
-    return [(numel, dtype) for dtype in (torch.int64, torch.float32) for numel in sizes]
+    """(numel, dtype) cases: one that cuts evenly into p chunks first, then the other element counts of
+    ``boundaries.element_counts`` (1 element, fewer than p, remainders, large), in increasing order."""
+    first, *rest = [numel for numel, _ in element_counts(p)]
+    return [(numel, dtype) for dtype in (torch.int64, torch.float32) for numel in [first] + sorted(rest)]
 
 
 def inputs(rank, numel, dtype, device=None):

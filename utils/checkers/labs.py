@@ -22,6 +22,8 @@ import importlib
 import linecache
 from pathlib import Path
 
+from .boundaries import check_world_sizes
+
 __all__ = ["Part", "Lab", "LABS", "answers_from_notebook", "lab_of"]
 
 
@@ -72,14 +74,15 @@ class Lab:
         return Path(root) / "labs" / f"{self.name}.ipynb"
 
 
-def _sizes(*fixed):
-    """The lab's check-cell rule: these world sizes and the notebook's WORLD_SIZE, sorted, once each."""
-    return lambda world_size: sorted({*fixed, world_size})
+def _sizes(*fixed, accepted=range(2, 7)):
+    """The lab's check-cell rule (``boundaries.world_sizes``): these world sizes, the notebook's WORLD_SIZE and, unless
+    SMOKE, the smallest non-power-of-two above 4 the lab accepts."""
+    return lambda world_size, smoke: check_world_sizes(fixed, world_size, smoke, accepted)
 
 
 def _fix(program):  # lab 11a/11b: check_fix(program, diagnosis, fixed, world_sizes, timeout)
     def call(check, a, n, smoke):
-        sizes = sorted({2, n}) if smoke else sorted({2, 3, n})
+        sizes = check_world_sizes((2,) if smoke else (2, 3), n, smoke, range(2, 9))
         return check(program, a[f"diagnosis_{program}"], a[f"fixed_{program}"], world_sizes=sizes, timeout=30)
     return Part(f"program {program}", (f"diagnosis_{program}", f"fixed_{program}"), "hang_debugging:check_fix", call,
                 timeout=240)
@@ -89,37 +92,37 @@ LABS = {lab.name: lab for lab in (
     Lab("01a_halving_reduce_scatter_lab", "halving_doubling", (
         Part("recursive-halving reduce-scatter", ("halving_reduce_scatter",),
              "halving_reduce_scatter:check_halving_reduce_scatter",
-             lambda check, a, n, smoke: check(a["halving_reduce_scatter"], world_sizes=_sizes(2, 4)(n), timeout=30)),
+             lambda check, a, n, smoke: check(a["halving_reduce_scatter"], world_sizes=_sizes(2, 4, accepted=(2, 4, 8))(n, smoke), timeout=30)),
     )),
     Lab("01b_doubling_all_gather_lab", "halving_doubling", (
         Part("recursive-doubling all-gather", ("doubling_all_gather",), "doubling_all_gather:check_doubling_all_gather",
-             lambda check, a, n, smoke: check(a["doubling_all_gather"], world_sizes=_sizes(2, 3, 4)(n), timeout=30)),
+             lambda check, a, n, smoke: check(a["doubling_all_gather"], world_sizes=_sizes(2, 3, 4)(n, smoke), timeout=30)),
         Part("the folded all-reduce", ("halving_doubling_all_reduce", "doubling_all_gather"),
              "folded_all_reduce:check_halving_doubling_all_reduce",
-             lambda check, a, n, smoke: check(a["halving_doubling_all_reduce"], world_sizes=_sizes(2, 3, 4)(n),
+             lambda check, a, n, smoke: check(a["halving_doubling_all_reduce"], world_sizes=_sizes(2, 3, 4)(n, smoke),
                                               timeout=30), timeout=150),
     )),
     Lab("02_ddp_lab", "ddp", (
         Part("BucketedDDP", ("BucketedDDP",), "ddp:check_ddp",
-             lambda check, a, n, smoke: check(a["BucketedDDP"], world_sizes=_sizes(2, 3)(n), steps=2 if smoke else 3),
+             lambda check, a, n, smoke: check(a["BucketedDDP"], world_sizes=_sizes(2, 3, accepted=range(1, 9))(n, smoke), steps=2 if smoke else 3),
              timeout=240),
     )),
     Lab("03_zero_lab", "zero", (
         Part("make_buckets", ("make_buckets",), "zero_buckets:check_make_buckets",
              lambda check, a, n, smoke: check(a["make_buckets"]), timeout=60),
         Part("BucketedZeRO2", ("BucketedZeRO2", "make_buckets"), "zero:check_bucketed_zero2",
-             lambda check, a, n, smoke: check(a["BucketedZeRO2"], a["make_buckets"], world_sizes=_sizes(2, 3)(n),
+             lambda check, a, n, smoke: check(a["BucketedZeRO2"], a["make_buckets"], world_sizes=_sizes(2, 3)(n, smoke),
                                               bucket_numels=sorted({a.get("BUCKET_NUMEL", 1_000), 5_000})),
              timeout=240),
     )),
     Lab("05_tensor_parallel_lab", "tensor_parallel", (
         Part("VocabParallelCrossEntropy", ("VocabParallelCrossEntropy",),
              "tensor_parallel:check_vocab_parallel_cross_entropy",
-             lambda check, a, n, smoke: check(a["VocabParallelCrossEntropy"], world_sizes=_sizes(2)(n)), timeout=120),
+             lambda check, a, n, smoke: check(a["VocabParallelCrossEntropy"], world_sizes=_sizes(2)(n, smoke)), timeout=120),
     )),
     Lab("06_pipeline_lab", "pipeline_schedule", (
         Part("interleaved 1F1B", ("interleaved_one_f_one_b",), "pipeline_schedule:check_interleaved",
-             lambda check, a, n, smoke: check(a["interleaved_one_f_one_b"], world_sizes=_sizes(2)(n)), timeout=180),
+             lambda check, a, n, smoke: check(a["interleaved_one_f_one_b"], world_sizes=_sizes(2)(n, smoke)), timeout=180),
     )),
     Lab("09_plan_3d_lab", "plan_3d", (
         Part("choose_plan", ("choose_plan",), "plan_3d:check_choose_plan",
@@ -133,7 +136,7 @@ LABS = {lab.name: lab for lab in (
         Part("merge and causal_block in ring attention", ("merge", "causal_block"),
              "ring_attention:check_ring_attention",
              lambda check, a, n, smoke: check(a["merge"], a["causal_block"],
-                                              world_sizes=sorted({2, 3, n}) if smoke else sorted({2, 3, 4, n}),
+                                              world_sizes=check_world_sizes((2, 3) if smoke else (2, 3, 4), n, smoke),
                                               timeout=60), timeout=240),
     )),
 )}

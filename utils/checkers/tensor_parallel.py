@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from ..launch import rank_device
 from ..comm.ledger import CommLedger
+from .boundaries import FAR_APART
 from .common import GRAD_TOL, CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error
 
 TP_HINTS = {
@@ -100,12 +101,12 @@ def make_case(case, world_size, tokens=TOKENS, width=WIDTH):
     elif case == "spread":
         logits += 4.0 * owner  # rank r's block 4r higher
     elif case == "large":
-        logits += 200.0
+        logits += FAR_APART["large"]  # exp overflows float32
     column = torch.randint(0, width, (tokens,), generator=gen)  # the target's column in its owner's block
     column[:world_size], column[world_size:2 * world_size] = 0, width - 1  # each block's first and last word
     target = (torch.arange(tokens) % world_size) * width + column
     if case == "apart":  # exp(-123) underflows float32 (its smallest is about exp(-103)): the log of 0 is -inf
-        logits[torch.arange(tokens), target] -= 120.0
+        logits[torch.arange(tokens), target] += FAR_APART["apart"]
     weights = torch.arange(1.0, tokens + 1) / tokens  # d(total)/d(loss of each token): not all 1
     return logits, target, weights
 
