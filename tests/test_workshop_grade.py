@@ -17,6 +17,7 @@ import pytest
 
 from utils.workshop.submissions import notebook_with, reference_notebook, reference_source
 from utils.workshop import grade as grader
+from utils.workshop.sandbox import available
 from utils.workshop.gradebook import cell, write_gradebook
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,6 +25,8 @@ LAB = "06_pipeline_lab"
 NAME = "interleaved_one_f_one_b"
 SIGNATURE = f"def {NAME}(rank, ranks, microbatches, chunks):\n"
 MEGABYTES = 20  # what the chatty answer prints
+SANDBOX = available() is None  # bubblewrap works here: the hostile answers below run in it (issue 37)
+DAEMON = "4321.5"  # the seconds a planted daemon sleeps: how the test finds it afterwards
 
 BAD = {  # learner -> (the answer cell's new source, or a notebook's raw text), the gradebook cell expected
     "reference": (None, "pass"),
@@ -37,10 +40,29 @@ BAD = {  # learner -> (the answer cell's new source, or a notebook's raw text), 
     "writes_outside": ("import os\n\n" + SIGNATURE + "    for path in ('~/planted-by-grade-test',"
                        " '../planted-by-grade-test', 'planted-by-grade-test'):\n"
                        "        open(os.path.expanduser(path), 'w').write('x')\n    return []\n", "no_divisibility_check"),
-    "imports_reference": (f"from labs.solutions.pipeline_schedule import {NAME}\n", "imports_reference"),
+    # in the sandbox the solutions are not there: the import fails; without it the grader names the import
+    "imports_reference": (f"from labs.solutions.pipeline_schedule import {NAME}\n",
+                          "error" if SANDBOX else "imports_reference"),
     "prints_megabytes": (SIGNATURE + f"    print('x' * {MEGABYTES << 20}, flush=True)\n    return []\n",
                          "no_divisibility_check"),
 }
+
+
+if SANDBOX:  # answers that only the sandbox stops: without it they would read the solutions, outlive the grader,
+    # take the machine's memory, or write into every other learner's folder
+    BAD.update({
+        "reads_solutions_by_path": (SIGNATURE + "    found = {}\n    exec(open("
+                                    f"{str(ROOT / 'labs' / 'solutions' / 'pipeline_schedule.py')!r}).read(), found)\n"
+                                    f"    return found[{NAME!r}](rank, ranks, microbatches, chunks)\n", "raised"),
+        "leaves_a_daemon": ("import subprocess\n\n" + SIGNATURE + "    subprocess.Popen(['sleep', '" + DAEMON + "'], "
+                            "start_new_session=True)\n    return []\n", "no_divisibility_check"),
+        "takes_20_gib": ("import torch\n\n" + SIGNATURE + "    torch.empty(20 << 30, dtype=torch.uint8).fill_(1)\n"
+                         "    return []\n", "over the memory limit"),
+        "writes_everywhere": ("import glob, os\n\n" + SIGNATURE + "    for path in glob.glob('/tmp/**/*.ipynb', recursive="
+                              "True) + glob.glob(os.path.expanduser('~/**/*.ipynb'), recursive=True)[:50]:\n"
+                              "        try:\n            open(path, 'w').write('{}')\n        except OSError:\n"
+                              "            pass\n    return []\n", "no_divisibility_check"),
+    })
 
 
 # Left out of the repository's listing: what is not the course (.venv, .git, caches), and what the notebooks that
@@ -255,6 +277,12 @@ def test_bad_submissions_are_verdicts_and_touch_nothing_outside(tmp_path):
     paths = write_gradebook(answers, verdicts, tmp_path / "out", learners, ["03_zero_lab", LAB])
 
     assert _listing(ROOT) == before, "an answer changed a file of the repository"
+    others = {p: p.read_text() for p in (tmp_path / "submitted").rglob("*.ipynb")}
+    assert all(text.strip() != "{}" for text in others.values()), "an answer wrote into another learner's notebook"
+    if SANDBOX:
+        import subprocess
+        left = subprocess.run(["pgrep", "-f", f"sleep {DAEMON}"], capture_output=True, text=True).stdout.split()
+        assert not left, f"a daemon outlived its answer: pids {left}"
     assert not home_file.exists(), "an answer wrote to the grader's HOME"
     import tempfile
     assert not list(Path(tempfile.gettempdir()).glob("grade-*/**/planted-by-grade-test")), "a run's folder was kept"

@@ -232,3 +232,10 @@ def test_nccl_pairs_for_real():
         pytest.skip(f"{torch.cuda.device_count()} GPU(s) here: the NCCL pairs need two")
     checks = pf.check_nccl_pairs([0, 1])
     assert [c.status for c in checks] == ["ok"], [c.line() for c in checks]
+
+
+def test_the_grading_sandbox_check_names_the_fix():
+    from utils.workshop.preflight import check_sandbox
+
+    missing = check_sandbox("no `bwrap` on PATH: install bubblewrap (Debian/Ubuntu: sudo apt install bubblewrap)")
+    assert missing.status == "warn" and "GRADE_ARGS=--no-sandbox" in missing.fix and "apt install" in missing.detail

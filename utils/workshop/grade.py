@@ -17,13 +17,20 @@ the lab's check cell does (the checker starts its ranks with ``utils.launch.run_
 answer: a learner's code can hang, ``os._exit``, kill itself, print without end or write files, and none of
 that may reach the grader or another learner. So each answer runs
 
+- in the sandbox of ``utils.workshop.sandbox`` (bubblewrap; ``--no-sandbox`` where it cannot run, with a warning):
+  the course read-only without ``labs/solutions``, ``build/`` and ``.git``, neither the submissions nor the
+  gradebook, a copy of its own notebook, no network but loopback; every process it starts ends with it (its own
+  process namespace); ``MEMORY_LIMIT`` bytes of address space per process (beyond: the verdict ``memory``) and its
+  timeout plus 30 s of CPU per process (beyond: ``time``);
 - in a fresh temporary folder, its working directory, ``HOME`` and ``TMPDIR`` (removed afterwards), with
   files it writes capped at ``FILE_LIMIT`` bytes each (``RLIMIT_FSIZE``);
 - with a wall-clock timeout (``Part.timeout``, or ``--timeout``), after which the process and everything
   under it is killed;
 - with its output read as it comes and only the first and last ``OUTPUT_LIMIT / 2`` bytes kept.
 
-All three by ``utils.launch.children`` (``run_child``), the course's one way to run a child and stop its tree.
+The verdict is still written by the answer's own process (``--one``), so an answer that forges it is not
+stopped yet (issue 37, part 3). The last three by ``utils.launch.children`` (``run_child``), the course's one way
+to run a child and stop its tree.
 
 Its verdict is one of ``VERDICTS``. Answers run on a pool of one worker a core (fewer where memory is short,
 ``default_workers``): an answer spends most of its time starting Python and importing torch, on one core, and
@@ -34,6 +41,8 @@ import argparse
 import ast
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -62,10 +71,15 @@ VERDICTS = {  # verdict -> what the gradebook says (a "mistake" shows the checke
     "timeout": "timeout",
     "crash": "crash",              # the grading process died (os._exit, a signal, out of memory)
     "unparsable": "does not parse",  # not a notebook (invalid JSON), or a code cell with a syntax error
+    "memory": "over the memory limit",  # an allocation beyond MEMORY_LIMIT failed, or the process was killed for it
+    "time": "over the CPU-time limit",  # CPU_LIMIT seconds of CPU used by one process (SIGXCPU)
 }
 OUTPUT_LIMIT = 8_000   # bytes of an answer's output kept for its feedback: the first and the last half
 MESSAGE_LIMIT = 4_000  # characters of a checker's message kept (it may quote the learner's exception)
 FILE_LIMIT = 64 << 20  # bytes any one file an answer writes may reach (RLIMIT_FSIZE); beyond: SIGXFSZ, a crash
+MEMORY_LIMIT = 6 << 30  # bytes of address space each process of an answer may reserve (the sandbox's prlimit --as)
+MEMORY_PHRASES = ("MemoryError", "can't allocate memory", "Cannot allocate memory")
+HIDDEN = ("labs/solutions", "build", ".git")  # folders of the course an answer's sandbox does not see
 
 
 @dataclass(frozen=True)
@@ -259,19 +273,30 @@ def _one(argv):
 
 # --- in the grader -----------------------------------------------------------------------------------------------
 
-def run_answer(answer, index, world_size, smoke=False, timeout=None):
-    """Grade part ``index`` of ``answer`` in a process of its own (see the module's docstring): a Verdict."""
+def run_answer(answer, index, world_size, smoke=False, timeout=None, sandbox=None, hidden=()):
+    """Grade part ``index`` of ``answer`` in a process of its own (see the module's docstring): a Verdict.
+
+    ``sandbox``: run it in ``utils.workshop.sandbox`` (True), not (False), or where bubblewrap works (None);
+    ``hidden``: more folders its sandbox must not see (the submissions, the gradebook)."""
+    from . import sandbox as box
+
     part = LABS[answer.lab].parts[index]
     timeout = timeout or part.timeout
+    boxed = box.available() is None if sandbox is None else sandbox
     with tempfile.TemporaryDirectory(prefix="grade-", ignore_cleanup_errors=True) as tmp:
         work, result = Path(tmp, "work"), Path(tmp, "result.json")
         work.mkdir()
+        notebook = work / answer.notebook.name  # a copy: the sandbox never sees the submissions
+        shutil.copyfile(answer.notebook, notebook)
         env = dict(os.environ, HOME=str(work), TMPDIR=str(work), PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg",
                    PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                    OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         env.pop("MASTER_ADDR", None), env.pop("MASTER_PORT", None)
-        command = [sys.executable, "-m", "utils.workshop.grade", "--one", str(answer.notebook), answer.lab, str(index),
+        command = [sys.executable, "-m", "utils.workshop.grade", "--one", str(notebook), answer.lab, str(index),
                    str(result), str(world_size), *(["--smoke"] if smoke else [])]
+        if boxed:
+            command = box.sandboxed(command, tmp, readable=[ROOT], hidden=[ROOT / h for h in HIDDEN] + list(hidden),
+                                    memory=MEMORY_LIMIT, cpu=timeout + 30)
         done = run_child(command, timeout, env=env, cwd=work, stdin=subprocess.DEVNULL, limit=OUTPUT_LIMIT, drain=10)
         verdict = Verdict(answer.learner, answer.lab, part.name, "crash", seconds=round(done.seconds, 1),
                           output=done.output)
@@ -283,14 +308,25 @@ def run_answer(answer, index, world_size, smoke=False, timeout=None):
                 setattr(verdict, key, value)
         else:
             code = done.code
+            if boxed and code > 128:  # bwrap exits with 128 + the signal that ended the program it ran
+                code = -(code - 128)
             how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
             verdict.message = f"the grading process ended without a verdict ({how})"
             verdict.hint = "your code ended the process (os._exit, sys.exit in a rank, a signal): return instead."
+            if code == -signal.SIGXCPU:
+                verdict.verdict, verdict.hint = "time", (f"a process of your answer used {timeout + 30:g} s of CPU: "
+                                                         "look for a loop that never ends.")
+        if verdict.verdict in ("mistake", "error", "crash") and any(
+                phrase in verdict.message + verdict.output for phrase in MEMORY_PHRASES):
+            verdict.verdict = "memory"
+            verdict.hint = (f"your answer asked for more memory than the grader allows a process "
+                            f"({MEMORY_LIMIT >> 30} GiB of address space): allocate what the task needs.")
     return verdict
 
 
-def grade(answers, world_size=None, smoke=False, workers=None, timeout=None, log=print):
-    """Every part of every answer, on ``workers`` threads each running one answer's process: a list of Verdicts."""
+def grade(answers, world_size=None, smoke=False, workers=None, timeout=None, log=print, sandbox=None, hidden=()):
+    """Every part of every answer, on ``workers`` threads each running one answer's process: a list of Verdicts.
+    ``sandbox``, ``hidden``: as for ``run_answer``."""
     sizes = {a.lab: world_size or lab_world_size(a.lab) for a in answers}
     workers = workers or default_workers(max(sizes.values(), default=1))
     jobs = [(a, i) for a in answers for i in range(len(LABS[a.lab].parts))]
@@ -298,7 +334,7 @@ def grade(answers, world_size=None, smoke=False, workers=None, timeout=None, log
 
     def one(job):
         answer, index = job
-        verdict = run_answer(answer, index, sizes[answer.lab], smoke, timeout)
+        verdict = run_answer(answer, index, sizes[answer.lab], smoke, timeout, sandbox, hidden)
         with lock:
             done[0] += 1
             log(f"[{done[0]}/{len(jobs)}] {answer.learner} {answer.lab} {verdict.part}: {verdict.label} "
@@ -322,7 +358,17 @@ def main(argv=None):
     parser.add_argument("--timeout", type=float, help="seconds per answer (default: each part's Part.timeout)")
     parser.add_argument("--smoke", action="store_true", help="the checkers' SMOKE sizes (fewer steps, sizes)")
     parser.add_argument("--labs", nargs="+", metavar="LAB", help="grade only these labs (notebook stems)")
+    parser.add_argument("--no-sandbox", action="store_true", help="run answers without the sandbox (a machine "
+                        "without bubblewrap): an answer can then read the solutions and write outside its folder")
     args = parser.parse_args(argv)
+    from .sandbox import available
+
+    why = None if args.no_sandbox else available()
+    if why:
+        parser.error(f"the sandbox cannot run here: {why}. Or pass --no-sandbox (GRADE_ARGS=--no-sandbox), knowing "
+                     "that an answer can then read the solutions and write outside its folder.")
+    if args.no_sandbox:
+        print("WARNING: grading without the sandbox: an answer can read labs/solutions and write outside its folder")
     from .gradebook import write_gradebook
 
     sys.stdout.reconfigure(errors="backslashreplace")  # a learner's name that is not UTF-8: \udcXX, not a crash
@@ -339,7 +385,8 @@ def main(argv=None):
     for path, why in skipped.items():
         print(f"skipped {path}: {why}")
     start = time.perf_counter()
-    verdicts = grade(answers, args.world_size, args.smoke, args.workers, args.timeout)
+    verdicts = grade(answers, args.world_size, args.smoke, args.workers, args.timeout,
+                     sandbox=not args.no_sandbox, hidden=[Path(args.submissions).resolve(), Path(args.out).resolve()])
     paths = write_gradebook(answers, verdicts, args.out, learners, args.labs)
     print(f"graded {len(verdicts)} answers in {time.perf_counter() - start:.0f} s: {', '.join(map(str, paths))}")
 

@@ -329,6 +329,17 @@ def check_all_reduce() -> Check:
     return Check("2-rank all-reduce", "ok", f"0 + 1 = {sums} on both ranks in {time.perf_counter() - start:.2f} s")
 
 
+def check_sandbox(why=None) -> Check:
+    """``make grade`` runs each answer in utils.workshop.sandbox (bubblewrap): ``why`` it cannot, or None."""
+    from .sandbox import available
+
+    why = available() if why is None else why
+    if why:
+        return Check("grading sandbox", "warn", why, "make grade refuses to run without it; install it, or grade "
+                     "with GRADE_ARGS=--no-sandbox, knowing an answer can then read the solutions")
+    return Check("grading sandbox", "ok", "bubblewrap runs: make grade isolates each answer")
+
+
 def run_preflight(learners=1, schedule="all") -> list[Check]:
     """Every check, in order; GPU checks only where there are GPUs."""
     checks = [check_python(), check_torch(), check_gloo(), check_ports()]
@@ -340,6 +351,8 @@ def run_preflight(learners=1, schedule="all") -> list[Check]:
     elif server_rss:  # the fresh kernel failed: this process (torch, no CUDA yet) + its server, a lower bound
         checks.append(check_memory(learners, schedule, psutil.Process().memory_info().rss + server_rss))
     checks.append(check_disk(learners))
+    if learners > 1:  # a room: its teacher grades the submissions
+        checks.append(check_sandbox())
     gpus = torch.cuda.device_count()
     if gpus:
         checks += check_gpus(gpus)

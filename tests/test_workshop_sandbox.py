@@ -1,0 +1,76 @@
+"""The sandbox an untrusted answer runs in (utils/workshop/sandbox.py, issue 37): it sees what it is given read-only,
+not what is hidden, writes only its own folder, takes every process it started with it, and meets its limits.
+Skipped, with the reason, where bubblewrap cannot run (its message is tested everywhere)."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from utils.workshop import sandbox
+
+WHY = sandbox.available()
+needs_bwrap = pytest.mark.skipif(WHY is not None, reason=f"the sandbox cannot run here: {WHY}")
+
+
+def run(code, tmp_path, **how):
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    command = sandbox.sandboxed([sys.executable, "-c", code], work, **how)
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def test_a_missing_bwrap_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(sandbox.shutil, "which", lambda tool: None if tool == "bwrap" else f"/usr/bin/{tool}")
+    assert "apt install bubblewrap" in sandbox.available()
+
+
+@needs_bwrap
+def test_it_reads_what_it_is_given_and_nothing_hidden(tmp_path):
+    given, hidden = tmp_path / "course", tmp_path / "course" / "solutions"
+    hidden.mkdir(parents=True)
+    (given / "lesson.txt").write_text("lesson")
+    (hidden / "answer.txt").write_text("the answer")
+    (tmp_path / "other_learner.txt").write_text("theirs")
+    done = run(f"""
+import os
+print(open({str(given / 'lesson.txt')!r}).read())
+print(os.listdir({str(hidden)!r}))
+for path in ({str(tmp_path / 'other_learner.txt')!r}, {str(hidden / 'answer.txt')!r}):
+    print(os.path.exists(path))
+try:
+    open({str(given / 'planted.txt')!r}, 'w')
+except OSError as err:
+    print(err.strerror)
+open('mine.txt', 'w').write('ok')
+""", tmp_path, readable=[given], hidden=[hidden])
+    assert done.stdout.split("\n")[:5] == ["lesson", "[]", "False", "False", "Read-only file system"], done
+    assert (tmp_path / "work" / "mine.txt").read_text() == "ok"
+    assert not (given / "planted.txt").exists()
+
+
+@needs_bwrap
+def test_every_process_it_started_ends_with_it(tmp_path):
+    marker = "31337.25"
+    done = run(f"import subprocess; subprocess.Popen(['sleep', '{marker}'], start_new_session=True); print('left')",
+               tmp_path)
+    assert done.stdout.strip() == "left", done
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True).stdout.split()
+    assert left == [], f"a process outlived the sandbox: {left}"
+
+
+@needs_bwrap
+def test_no_network_but_loopback(tmp_path):
+    done = run("import socket; print(sorted(n for _, n in socket.if_nameindex()))", tmp_path)
+    assert done.stdout.strip() == "['lo']", done
+
+
+@needs_bwrap
+def test_memory_and_cpu_limits(tmp_path):
+    done = run("import torch\ntry:\n    torch.empty(8 << 30, dtype=torch.uint8).fill_(1)\nexcept RuntimeError as e:\n"
+               "    print('refused' if \"can't allocate memory\" in str(e) else e)", tmp_path, memory=2 << 30)
+    assert done.stdout.strip() == "refused", done
+    done = run("while True:\n    pass", tmp_path, cpu=1)
+    assert done.returncode == 128 + 24, done  # bwrap exits with 128 + the signal that ended its program: SIGXCPU
