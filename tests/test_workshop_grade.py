@@ -186,7 +186,8 @@ def test_every_learner_folder_is_a_row(tmp_path):
 
     # The command line prints every name, on a terminal that refuses what is not UTF-8 too (no lab graded here).
     import subprocess
-    command = [sys.executable, "-m", "utils.workshop.grade", str(submitted), str(tmp_path / "cli"), "--labs", "03_zero_lab"]
+    command = [sys.executable, "-m", "utils.workshop.grade", str(submitted), str(tmp_path / "cli"), "--labs", "03_zero_lab",
+               *([] if SANDBOX else ["--no-sandbox"])]  # without bubblewrap the grader refuses unless told
     done = subprocess.run(command, cwd=ROOT, capture_output=True, env=dict(os.environ, PYTHONIOENCODING="utf-8:strict"))
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
     with open(tmp_path / "cli" / "gradebook.csv", newline="", encoding="utf-8") as f:
@@ -319,3 +320,14 @@ def test_bad_submissions_are_verdicts_and_touch_nothing_outside(tmp_path):
     assert "no_divisibility_check" in paths[1].read_text()
     print(json.dumps({learner: [v.label, v.seconds] for learner, v in by_learner.items()}, indent=1))
     print(f"grading the answers that end took {ended:.1f} s; the bound from their times: {bound:.1f} s")
+
+
+def test_without_the_sandbox_the_grader_refuses_unless_told(tmp_path, monkeypatch):
+    from utils.workshop import sandbox
+
+    monkeypatch.setattr(sandbox, "available", lambda: "no `bwrap` on PATH: install bubblewrap")
+    (tmp_path / "submitted").mkdir()
+    with pytest.raises(SystemExit):
+        grader.main([str(tmp_path / "submitted"), str(tmp_path / "out")])
+    grader.main([str(tmp_path / "submitted"), str(tmp_path / "out"), "--no-sandbox"])
+    assert (tmp_path / "out" / "gradebook.csv").exists()
