@@ -108,3 +108,69 @@ def test_nbgrader_makes_the_same_release(built, tmp_path):
                    [("".join(c["source"]), c["cell_type"]) for c in b["cells"]], path.name
         else:
             assert path.read_bytes() == twin.read_bytes(), path
+
+
+# ------------------------------------------------------------------ an answer's logic, renamed (issue 37, part 1)
+# What the release still carries of the answers' logic, as utils/workshop/logic_leaks.py finds it: each is known and
+# named, so that a new one fails this test, and so does one that is gone (take it off the list). CHECKER: a checker
+# or a utils module the lab's answer is judged with carries the answer's own steps; issue 37 moves that logic to the
+# teacher's side (make grade) and judges the release by results. IDIOM: a line any such code has, not the answer.
+CHECKER, IDIOM = "a checker carries the answer's logic (issue 37, part 1)", "a common idiom, not the answer"
+KNOWN_LOGIC = {
+    ("halving_doubling.py", "halving_reduce_scatter", "utils/checkers/halving_reduce_scatter.py"): CHECKER,
+    ("halving_doubling.py", "halving_doubling_all_reduce", "utils/checkers/halving_doubling.py"): CHECKER,
+    ("ddp.py", "BucketedDDP", "notebooks/08a_lightning_strategies.ipynb"): IDIOM,  # [*params, *buffers]
+    ("ddp.py", "BucketedDDP", "utils/checkers/zero.py"): IDIOM,  # flat.split([p.numel() for p in bucket])
+    ("zero.py", "BucketedZeRO2", "utils/checkers/zero.py"): IDIOM,  # torch.cat([p.grad.reshape(-1) for p in bucket])
+    ("pipeline_schedule.py", "interleaved_one_f_one_b", "utils/checkers/pipeline_schedule.py"): CHECKER,
+    ("plan_3d.py", "divisors", "utils/checkers/plan_3d.py"): CHECKER,
+    ("plan_3d.py", "choose_plan", "utils/checkers/plan_3d.py"): CHECKER,
+    ("plan_3d.py", "choose_plan", "utils/planner/estimate.py"): IDIOM,  # the planner's own search space (lesson 09b)
+    ("ring_attention.py", "merge", "utils/context_parallel/ring.py"): CHECKER,
+    ("ring_attention.py", "causal_block", "utils/checkers/ring_attention.py"): CHECKER,
+}
+
+
+def _logic_key(leak):
+    answer_file, rest = leak.answer.split(":", 1)
+    return answer_file.split("/")[-1], rest.split("(")[-1].rstrip(")"), re.split(r"[:,]", leak.found_in)[0]
+
+
+def test_the_release_carries_no_answer_logic_but_the_known(built):
+    from utils.checkers.labs import LABS
+    from utils.workshop import logic_leaks
+
+    found = {}
+    for leak in logic_leaks.find(built["release"], ROOT / "labs" / SOLUTIONS, LABS):
+        found.setdefault(_logic_key(leak), []).append(str(leak))
+    new = {k: v for k, v in found.items() if k not in KNOWN_LOGIC}
+    assert not new, "an answer's logic in the release:\n" + "\n".join(line for v in new.values() for line in v)
+    gone = sorted(set(KNOWN_LOGIC) - set(found))
+    assert not gone, f"no longer found (take them off KNOWN_LOGIC): {gone}"
+
+
+def test_a_renamed_copy_of_an_answer_is_found(tmp_path):
+    """The search is by shape: a copy with every name changed, in a module of its own, is found; so is a formula."""
+    import ast
+
+    from utils.checkers.labs import LABS
+    from utils.workshop import logic_leaks
+
+    source = (ROOT / "labs" / SOLUTIONS / "halving_doubling.py").read_text()
+    tree = ast.parse(source)
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {a.arg for a in ast.walk(tree)
+                                                                          if isinstance(a, ast.arg)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in names:
+            node.id = f"renamed_{node.id}"
+        elif isinstance(node, ast.arg):
+            node.arg = f"renamed_{node.arg}"
+        elif isinstance(node, ast.FunctionDef):
+            node.name = f"my_{node.name}"
+    (tmp_path / "utils").mkdir()
+    (tmp_path / "utils" / "helpers.py").write_text(ast.unparse(tree))
+    found = logic_leaks.find(tmp_path, ROOT / "labs" / SOLUTIONS, {k: v for k, v in LABS.items() if k.startswith("01")})
+    assert {leak.answer.split("(")[-1] for leak in found} >= {"halving_reduce_scatter)", "doubling_all_gather)",
+                                                             "halving_doubling_all_reduce)"}
+    (tmp_path / "utils" / "helpers.py").write_text("def f(x, y):\n    return x + y\n")
+    assert logic_leaks.find(tmp_path, ROOT / "labs" / SOLUTIONS, LABS) == []
