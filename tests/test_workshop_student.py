@@ -122,7 +122,6 @@ KNOWN_LOGIC = {
     ("ddp.py", "BucketedDDP", "notebooks/08a_lightning_strategies.ipynb"): IDIOM,  # [*params, *buffers]
     ("ddp.py", "BucketedDDP", "utils/checkers/zero.py"): IDIOM,  # flat.split([p.numel() for p in bucket])
     ("zero.py", "BucketedZeRO2", "utils/checkers/zero.py"): IDIOM,  # torch.cat([p.grad.reshape(-1) for p in bucket])
-    ("pipeline_schedule.py", "interleaved_one_f_one_b", "utils/checkers/pipeline_schedule.py"): CHECKER,
     ("plan_3d.py", "divisors", "utils/checkers/plan_3d.py"): CHECKER,
     ("plan_3d.py", "choose_plan", "utils/checkers/plan_3d.py"): CHECKER,
     ("plan_3d.py", "choose_plan", "utils/planner/estimate.py"): IDIOM,  # the planner's own search space (lesson 09b)

@@ -16,8 +16,8 @@ GPipe, too little warm-up) gives the right gradients and is rejected by what it 
 3. **dependencies** on the rank itself: no backward before its own forward;
 4. **deadlock-free**: ``utils.pipeline.simulate`` runs all ranks' lists together, any receive that
    waits for an op that waits, in turn, for it is named;
-5. **memory**: rank r holds at most (p - r - 1) 2 + (v - 1) p + 1 micro-batch chunks of
-   activations (``peak_in_flight``; never more than v m), what Megatron's warm-up allows;
+5. **memory**: rank r holds at once no more micro-batch chunks of activations (``peak_in_flight``) than torch's
+   own interleaved order (Megatron's) holds on that rank;
 6. **bubble**: simulated with a backward costing 1 and 2 forwards, the idle share is
    (p - 1) / (v m + p - 1), no more;
 7. **torch**: at every case of ``CASES`` (m = p included), the order equals the one torch's own
@@ -71,12 +71,6 @@ PIPELINE_HINTS = {
                   "which asks it) computes it for you; utils.pipeline's simulate and peak_in_flight may help you check.",
 }
 TORCH_SCHEDULES = "torch/distributed/pipelining/schedules.py"  # where torch computes the order the lab asks for
-
-
-def _bound(rank, p, m, v):
-    """Micro-batch chunks rank ``rank`` may hold: Megatron's warm-up + 1, at most all v m of them."""
-    total = v * m
-    return min(total, (p - rank - 1) * 2 + (v - 1) * p + 1)
 
 
 def _guard():
@@ -139,15 +133,18 @@ def _check_structure(orders, p, m, v):
     except PipelineDeadlock as err:
         fail(PIPELINE_HINTS, "deadlock", f"{case}: {err} Your lists: {orders}")
     held = [peak_in_flight(ops) for ops in orders]
+    # what torch's own interleaved order (Megatron's) holds on each rank: the checker carries no formula of it
+    bound = [peak_in_flight(ops) for ops in _torch_rank_orders(p, m, v)]
     for r, (h, ops) in enumerate(zip(held, orders)):
-        if h > _bound(r, p, m, v):
+        if h > bound[r]:
             first_b = next(i for i, op in enumerate(ops) if op[0] == "B")
             mistake = "all_forwards_first" if first_b == v * m else "too_many_in_flight"
             shared = (" At this size a warm-up only one forward too long looks the same: if your order is not all "
                       "forwards first at m > p, that is your mistake." if mistake == "all_forwards_first"
-                      and _bound(r, p, m, v) == v * m - 1 else "")
+                      and bound[r] == v * m - 1 else "")
             fail(PIPELINE_HINTS, mistake, f"{case}: rank {r} holds up to {h} micro-batch chunks of activations at "
-                                          f"once; Megatron's warm-up holds {_bound(r, p, m, v)}.{shared} Your ops: {ops}")
+                                          f"once; torch's interleaved 1F1B (Megatron's order) holds {bound[r]}.{shared} "
+                                          f"Your ops: {ops}")
     formula = bubble_fraction(p, m, v)
     for timeline, costs in zip(timelines, ("1:1", "1:2")):
         idle = idle_fraction(timeline)
