@@ -126,7 +126,6 @@ KNOWN_LOGIC = {
     ("plan_3d.py", "choose_plan", "utils/checkers/plan_3d.py"): CHECKER,
     ("plan_3d.py", "choose_plan", "utils/planner/estimate.py"): IDIOM,  # the planner's own search space (lesson 09b)
     ("ring_attention.py", "merge", "utils/context_parallel/ring.py"): CHECKER,
-    ("ring_attention.py", "causal_block", "utils/checkers/ring_attention.py"): CHECKER,
 }
 
 
