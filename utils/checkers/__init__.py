@@ -9,6 +9,8 @@
 - ``watch``: the watcher of forbidden calls (``watched_call``, ``Watcher``), on every thread, refusing an answer
   that switches it off (``tampered``); ``guard``: the key targets tripped in place while the answer runs
   (``Guard``), so that no alias, ``partial``, thread or pool task reaches them unseen.
+- ``boundaries``: the hard cases every checker tries, from one place (world sizes with a non-power-of-two above
+  4, element counts, bucket caps filled exactly or missed by one, logits far apart), each with its kind.
 - ``halving_doubling``: what labs 01a and 01b share (the peer log, the cases, the pattern check, ``virtual_ranks``).
 - ``halving_reduce_scatter``: lab 01a, ``check_halving_reduce_scatter``.
 - ``doubling_all_gather``: lab 01b, ``check_doubling_all_gather``.
