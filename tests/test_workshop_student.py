@@ -45,6 +45,11 @@ def test_no_reference_solution_anywhere(built):
     text = "\n".join(p.read_text(errors="replace") for p in release.rglob("*") if p.is_file())
     assert FLAG not in text
     assert not re.search(rf"\b(from|import)\s+{SOLUTIONS}\b", text), "an import of a reference solution"
+    keys = sorted((ROOT / "labs" / SOLUTIONS / "keys").glob("*.md"))
+    assert keys, "no instructor key to look for"
+    for key in keys:  # the longest line of each instructor key (an answer) is nowhere in the release
+        answer = max(key.read_text().splitlines(), key=len)
+        assert answer not in text, f"{key.name}'s answer is in the release"
     assert not (release / "utils" / "workshop").exists(), "the teachers' tools stay with the teachers"
     kept = sorted(p.name for p in (release / "utils" / "course").iterdir() if p.is_file())
     assert kept == ["__init__.py", "lab_overrides.json", "notebook_runner.py", "run_minutes.json"], \

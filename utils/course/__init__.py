@@ -9,7 +9,8 @@ Each module runs as ``python -m utils.course.NAME`` (``make`` targets in bracket
   ``WORLD_SIZE`` fails at once.
 - ``minutes``: each notebook's one stated time, from its text and ``run_minutes.json``, the measured run times
   (``make minutes``); ``observed`` feeds that file (``make course``'s measurements, a workshop's real minutes:
-  ``minutes --measured``, ``--record``); ``teaching_guide`` writes TEACHING.md from them (``make guide``).
+  ``minutes --measured``, ``--record``); ``teaching_guide`` writes TEACHING.md from them (``make guide``), with
+  ``teaching_notes``: each notebook's notes for the teacher (``metadata.course.teaching``) and the instructor keys.
 - ``stray_output``: every warning or stderr line of an executed notebook is on its list, explained in its text
   (``tests/test_notebooks.py`` fails a notebook on any other).
 - ``schedules``: the workshop plans TEACHING.md gives (blocks between breaks, set-up, slack, each lab on its lesson's

@@ -252,8 +252,9 @@ def rows(day, slots, minutes_of):
     return out
 
 
-def markdown(minutes_of, prerequisites, titles):
-    """TEACHING.md's schedules section (a list of lines). ``titles``: stem -> the notebook's title."""
+def markdown(minutes_of, prerequisites, titles, day_end=None):
+    """TEACHING.md's schedules section (a list of lines). ``titles``: stem -> the notebook's title; ``day_end``:
+    the day's notebooks -> lines to print after its table (the day check), or None."""
     stems = list(titles)
     whole = sum(planned(s, minutes_of) for s in stems)
     lines = ["## Schedules", "",
@@ -282,6 +283,8 @@ def markdown(minutes_of, prerequisites, titles):
                       "| from | to | notebook | minutes |", "| --- | --- | --- | --- |"]
             lines += rows(day, slots, minutes_of)
             lines.append("")
+            if day_end:
+                lines += day_end(plan[day])
         gone = left_out(plan, stems)
         lines += [f"Left out ({len(gone)} notebooks, {sum(minutes_of[s] for s in gone)} minutes), by lesson:", ""]
         lines += left_out_lines(plan, stems, prerequisites)

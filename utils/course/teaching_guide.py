@@ -21,14 +21,12 @@ import math
 import re
 import sys
 
-from . import minutes, observed, prerequisites, schedules
+from . import minutes, observed, prerequisites, schedules, teaching_notes
 from .notebook_runner import ROOT, course_metadata
 
 GUIDE = ROOT / "TEACHING.md"
 
-# What a teacher shows on the projector, what learners do alone, and the questions that come up. Written by
-# hand for each notebook (a test requires one entry per notebook); keep it to what the notebook really does.
-NOTES = {
+LEGACY_NOTES = {  # the old notes, for the notebooks whose metadata.course.teaching is not written yet
     "00_start_here": ("the first `%%ranks` cell, then a rank that crashes and one that hangs: the notebook survives both",
                       "the machine report and the exercises on `run_ranks`",
                       "Why does a hung rank not hang my notebook? (the launcher's timeout and its report.) Why gloo and "
@@ -293,10 +291,15 @@ def render():
     data = minutes.load_data()
     paths = minutes.notebooks()
     rows = {p.stem: row(p, data) for p in paths}
-    missing = [p.stem for p in paths if p.parent.name == "notebooks" and p.stem not in NOTES]
-    if missing:
-        raise KeyError(f"no teaching notes for {', '.join(missing)}: add them to NOTES in "
-                       "utils/course/teaching_guide.py")
+    written = [p for p in paths if teaching_notes.has_notes(p)]
+    broken = [m for p in written for m in teaching_notes.problems(p, None if teaching_notes.is_lesson(p)
+                                                                  else lab_mistakes(p.stem))]
+    if broken:
+        raise ValueError("the teacher's notes are incomplete:\n" + "\n".join(broken))
+    unwritten = [p.stem for p in paths if p not in written and p.stem not in LEGACY_NOTES and p.parent.name != "labs"]
+    if unwritten:
+        raise KeyError(f"no teaching notes for {', '.join(unwritten)}: write metadata.course.teaching "
+                       "(utils/course/teaching_notes.py)")
     lines = ["# Teaching the course: a guide for workshops", "",
              "<!-- Written by utils/course/teaching_guide.py (`make guide`) from the notebooks' stated minutes; "
              "edit that file, not this one. -->", "",
@@ -325,17 +328,30 @@ def render():
         sizes = ", ".join(map(str, r["world_sizes"])) if isinstance(r["world_sizes"], list) else r["world_sizes"]
         lines.append(f"| [{r['key']}]({r['key']}) | {r['minutes']} ({split}) | {r['run']} | {r['world_size'] or '-'} ({sizes}) | "
                      f"{r['cores'] or '-'} | {r['memory']} |")
-    lines += ["", "## What to demo, what learners do alone, the usual questions", ""]
+    lines += ["", "## What to demo, what learners do alone, the usual questions", "",
+              "For each notebook: the demo and its share of the sitting (the rest is the learners' own work), the "
+              "questions that come up with their answers, the problems a room meets with their fixes; for a lab, the "
+              "mistakes learners make most. The answers to every lesson's exercises are in the instructor keys, "
+              "`labs/solutions/keys/<lesson>.md` (not in the student release).", ""]
     for p in paths:
-        if p.parent.name == "notebooks":
-            demo, alone, questions = NOTES[p.stem]
-            lines += [f"**{p.stem}.** Demo: {demo}. Alone: {alone}. Questions: {questions}", ""]
+        if teaching_notes.has_notes(p):
+            lines += teaching_notes.note_lines(p, rows[p.stem]["minutes"])
+        elif p.parent.name == "notebooks":
+            demo, alone, questions = LEGACY_NOTES[p.stem]
+            lines += [f"**{p.stem}.** Demo: {demo}. Alone: {alone}. Questions: {questions} (Its full notes, with "
+                      "answers, are not written yet.)", ""]
         else:
             mistakes = ", ".join(f"`{m}`" for m in lab_mistakes(p.stem))
             lines += [f"**{p.stem}.** Demo: {LAB_NOTE[0]}. Alone: {LAB_NOTE[1]}. Where learners go wrong (the "
-                      f"mistakes its checker names, each with a hint): {mistakes}.", ""]
+                      f"mistakes its checker names, each with a hint): {mistakes}. (Its notes in words are not "
+                      "written yet.)", ""]
+    lines += teaching_notes.quiz_lines(paths)
+    lines += teaching_notes.gpu_lines(paths, {s: r["world_size"] for s, r in rows.items()})
+    lines += teaching_notes.fallback_lines(paths, {s: r["world_sizes"] for s, r in rows.items()})
+    by_stem = {p.stem: p for p in paths}
     lines += schedules.markdown({s: r["minutes"] for s, r in rows.items()},
-                                {p.stem: prerequisites.declared(p) for p in paths}, {p.stem: title(p) for p in paths})
+                                {p.stem: prerequisites.declared(p) for p in paths}, {p.stem: title(p) for p in paths},
+                                lambda stems: teaching_notes.day_check_lines(stems, by_stem))
     lines += ["## Memory per plan", ""]
     for plan in schedules.PLANS:
         peaks = {s: measured_peak(s, data) or 0 for s in schedule_stems(schedule_name(plan))}
@@ -344,8 +360,24 @@ def render():
                      f"{peaks[top] / 2**30:.1f} GiB; `make preflight USERS=N SCHEDULE={schedule_name(plan)}` asks "
                      "that of the box for each learner, plus at least one kernel left running (with its rank server).")
     lines.append("")
+    lines += checkers_section()
     lines += figures_section(data, paths)
     return "\n".join(lines)
+
+
+def checkers_section():
+    """How well each lab's checker catches wrong answers: the recorded `make mutants` runs."""
+    from .mutants import scores
+
+    return (["## How well the checkers catch wrong answers", "",
+             "`make mutants` mutates each lab's reference solution (an operator, a comparison, a constant off by one, "
+             "swapped arguments, a dropped statement), runs the lab's checker on every mutant, and sends each one it "
+             "accepts to a one-process oracle: the same results on the checker's inputs and on larger ones make it "
+             "equivalent, anything else is a miss. A rejection is *named* when the learner is told which mistake "
+             "(any of the lab's names but the generic `crash`). Recorded runs (`utils/course/mutation_scores.json`):",
+             ""] + scores.table_lines() + [""]
+            + (["Every mutant not rejected with a named mistake, with what the oracle or the checker said:", ""]
+               + scores.details_lines() + [""] if scores.details_lines() else []))
 
 
 def main(argv=None):
