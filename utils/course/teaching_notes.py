@@ -198,9 +198,10 @@ def fallback_lines(paths, world_sizes_of):
     no_two = [p.stem for p in paths if isinstance(world_sizes_of[p.stem], list) and 2 not in world_sizes_of[p.stem]]
     return [
         "## Before and during the day", "",
-        "**Each learner, a week before**: the README's \"Before the workshop\": the two commands of its quick start "
-        "(Linux, macOS, or Windows through WSL 2), then `make preflight USERS=1`, which says what their machine can "
-        "run. Ask for its last lines back; a learner whose check fails joins the hub (or a neighbour) instead.", "",
+        "**Each learner, a week before**: the README's \"Before the workshop (learners)\": the two commands of its "
+        "quick start (Linux, or Windows through WSL 2; macOS is not tested), then `make preflight USERS=1`, which "
+        "says what their machine can run. Ask for its last lines back; a learner whose check fails joins the hub (or "
+        "a neighbour) instead.", "",
         "**The hub is down**: learners who passed their own check run `make lab` on their laptop; the others read "
         "the executed course, built the day before with `make site-executed` (every notebook run, outputs kept, "
         "served from `build/site/` by any static file server: `python -m http.server --directory build/site`), and pair with a "
