@@ -24,11 +24,12 @@ TOY = [p.numel() * p.element_size() for p in ToyNet().parameters() if p.requires
 
 
 def test_world_sizes_add_a_non_power_of_two_above_4_unless_smoke():
-    assert check_world_sizes((2, 3), 4) == [2, 3, 4, 5]
+    assert check_world_sizes((2, 3), 4) == [2, 3, 4, 6]  # 6 = 4 + 2: two ranks fold
     assert check_world_sizes((2, 3), 4, smoke=True) == [2, 3, 4]
     assert check_world_sizes((2, 4), 8, accepted=(2, 4, 8)) == [2, 4, 8]  # powers of two only: none to add
     extra = boundaries.first_non_power_of_two_above_4(range(2, 9))
-    assert extra > 4 and extra & (extra - 1)
+    assert extra > 4 and extra & (extra - 1) and extra - 4 >= 2
+    assert boundaries.first_non_power_of_two_above_4((2, 3, 4, 5)) == 5  # where 6 is not accepted
     with pytest.raises(ValueError, match="WORLD_SIZE = 7: this lab's checker accepts"):
         check_world_sizes((2, 3), 7)
 
@@ -83,7 +84,7 @@ def test_each_checker_covers_its_kinds():
 
 @pytest.mark.parametrize("lab", sorted(LABS))
 def test_every_lab_checks_at_a_non_power_of_two_above_4_where_it_accepts_one(lab):
-    """Each part's call, as the grader and the check cell make it, asks the checker for 5 ranks unless SMOKE
+    """Each part's call, as the grader and the check cell make it, asks the checker for 6 ranks unless SMOKE
     (labs 01a and 09: powers of two only)."""
     for part in LABS[lab].parts:
         asked = {}
@@ -93,14 +94,15 @@ def test_every_lab_checks_at_a_non_power_of_two_above_4_where_it_accepts_one(lab
         part.call(spy, {name: None for name in part.needs}, 4, False)
         if asked.get("sizes") is None:
             continue  # a part with no world sizes (a search judged in the kernel)
-        want = 5 if lab not in ("01a_halving_reduce_scatter_lab", "09_plan_3d_lab") else None
+        want = 6 if lab not in ("01a_halving_reduce_scatter_lab", "09_plan_3d_lab") else None
         assert (want in asked["sizes"]) if want else all(n & (n - 1) == 0 for n in asked["sizes"]), (lab, asked)
         part.call(spy, {name: None for name in part.needs}, 4, True)
-        assert 5 not in asked["sizes"], "SMOKE keeps the suite's sizes"
+        assert 6 not in asked["sizes"], "SMOKE keeps the suite's sizes"
 
 
 def folded_right_up_to_4(tensor, reduce_scatter):
-    """kind: an answer right on 2, 3 and 4 ranks and wrong above 4 (the reference, then one added above 4)."""
+    """kind: an answer right on 2, 3 and 4 ranks and wrong above 4 (the reference, then one added above 4). make
+    mutants found real ones: a fold of 2*rem written 1*rem, right wherever one rank folds (3, 5), wrong at 6."""
     halving_doubling_all_reduce(tensor, reduce_scatter)
     if dist.get_world_size() > 4:
         tensor.view(-1)[0] += 1  # planted
@@ -110,4 +112,4 @@ def test_an_answer_wrong_only_above_4_is_caught_there():
     check_halving_doubling_all_reduce(folded_right_up_to_4, world_sizes=(2, 3, 4), timeout=30)  # passes without 5
     expect_rejection(check_halving_doubling_all_reduce, folded_right_up_to_4,
                      world_sizes=check_world_sizes((2, 3, 4), 4), timeout=30, mistake="not_power_of_two",
-                     phrase="not on 5 ranks")
+                     phrase="not on 6 ranks")

@@ -3,9 +3,9 @@
 Every checker of the labs draws its boundary inputs from here, each with its *kind*, so that a test can ask which
 kinds a checker covers and plant an answer that only that kind catches (tests/test_checkers_boundaries.py):
 
-- ``world_sizes``: the lab's own sizes and the notebook's ``WORLD_SIZE``, plus the smallest non-power-of-two above
-  4 the lab accepts (left out under ``SMOKE``, so that the test suite keeps its time): an answer written for 2 and 4
-  ranks, or for powers of two, fails there;
+- ``check_world_sizes``: the lab's own sizes and the notebook's ``WORLD_SIZE``, plus a non-power-of-two above 4 that
+  the lab accepts, two over a power of two where it can (6: left out under ``SMOKE``, so that the test suite keeps
+  its time): an answer written for 2 and 4 ranks, for powers of two, or for one extra rank, fails there;
 - ``element_counts``: tensor lengths for p ranks: a multiple of p, 1, fewer than p (ranks with nothing), remainders
   of 1 and 2, and a large odd count;
 - ``bucket_caps``: caps in the unit of ``sizes`` (bytes or elements, in the order buckets fill) for the rule "a
@@ -24,14 +24,19 @@ FAR_APART = {"large": 200.0, "apart": -120.0}
 
 
 def first_non_power_of_two_above_4(accepted):
-    """The smallest world size the lab accepts that is above 4 and not a power of two, or None (labs of powers of
-    two only: 01a and 09)."""
-    return min((n for n in accepted if n > 4 and n & (n - 1)), default=None)
+    """The world size above 4 that the lab accepts and that folds the most: not a power of two, and at least 2 over
+    the power of two below it (6 = 4 + 2: two ranks fold, where 3 and 5 fold one, so a fold written for one extra
+    rank fails there; found by make mutants on lab 01b), else any non-power-of-two above 4, or None (labs of powers
+    of two only: 01a and 09)."""
+    def extra(n):
+        return n - (1 << (n.bit_length() - 1))
+    above = sorted(n for n in accepted if n > 4 and extra(n))
+    return next((n for n in above if extra(n) >= 2), above[0] if above else None)
 
 
 def check_world_sizes(base, world_size, smoke=False, accepted=range(2, 7)):
     """The world sizes a check runs: ``base`` (the lab's own), the notebook's ``world_size``, and unless ``smoke`` the
-    smallest non-power-of-two above 4 that ``accepted`` holds; sorted, once each."""
+    non-power-of-two above 4 of ``first_non_power_of_two_above_4(accepted)``; sorted, once each."""
     if world_size not in accepted and world_size not in base:
         raise ValueError(f"WORLD_SIZE = {world_size}: this lab's checker accepts {sorted(accepted)}; pick one of them.")
     extra = first_non_power_of_two_above_4(accepted)

@@ -107,14 +107,16 @@ def aborted_message(err):
     in: a ``recv``/``irecv`` into a smaller tensor than was sent, a ``broadcast``, ``all_reduce`` or ``all_gather``
     whose tensors differ in size between ranks (each measured, torch 2.13 on CPU). A receive into a larger tensor
     does not abort. So a SIGABRT is named, with where it happened: the torch call and the answer's line."""
-    report = err.reports.get(err.rank) or {}
-    if report.get("type") != "died" or "SIGABRT" not in report.get("message", ""):
+    aborted = [(rank, r) for rank, r in sorted(err.reports.items())
+               if r.get("type") == "died" and "SIGABRT" in r.get("message", "")]
+    if not aborted:  # (the first rank to fail may be its partner, told "Connection closed by peer")
         return None
+    rank, report = aborted[0]
     frames = list(ANY_FRAME.finditer(report.get("traceback", "")))
     mine = [_frame_text(f) for f in reversed(frames) if is_learners(f["file"])]  # faulthandler: innermost first
     call = next((f["fn"] for f in frames if "/torch/distributed/" in f["file"] and f["fn"] != "wrapper"), None)
     inside = f"in torch's {call}" if call else "while it waited on a message"
-    return "\n".join([f"rank {err.rank} was aborted (SIGABRT) {inside}, with no Python error: gloo ends a process "
+    return "\n".join([f"rank {rank} was aborted (SIGABRT) {inside}, with no Python error: gloo ends a process "
                       "this way when a message does not fit the tensor it is received into (a receive smaller than "
                       "what was sent, or a collective whose tensors differ in size between ranks)"]
                      + (mine or ["outside your code"]))
