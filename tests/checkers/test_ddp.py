@@ -65,7 +65,30 @@ class BlockingInHook(BucketedDDP):
         if self.missing[i] == 0:
             flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]])
             dist.all_reduce(flat)  # waits here, inside backward
-            self.pending[i] = (flat, dist.barrier(async_op=True))  # something to wait on
+            self.pending[i] = (flat, done_work(flat))  # something for finish() to wait on
+
+
+def done_work(tensor):
+    """A work already complete, made from a future: no collective, so only the held all-reduce can judge."""
+    future = torch.futures.Future()
+    future.set_result([tensor])
+    return torch._C._distributed_c10d._create_work_from_future(future)
+
+
+class BlocksFromTheSecondStep(BucketedDDP):
+    """Overlaps in the first step, waits in the hook from the second on: the check holds the last step too."""
+
+    steps_done = 0
+
+    def _grad_ready(self, param):
+        super()._grad_ready(param)
+        i = self.bucket_of[id(param)]
+        if self.steps_done and self.pending[i] is not None:
+            self.pending[i][1].wait()
+
+    def finish(self):
+        super().finish()
+        self.steps_done += 1
 
 
 class AsyncButWaitedAtOnce(BucketedDDP):
@@ -255,7 +278,7 @@ class EarlyBoundBlocking(EarlyBound):
         if self.missing[i] == 0:
             flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]])
             early_all_reduce(flat)
-            self.pending[i] = (flat, dist.barrier(async_op=True))  # something to wait on
+            self.pending[i] = (flat, done_work(flat))
 
 
 class WaitedThroughFuture(BucketedDDP):
@@ -325,7 +348,8 @@ def test_bucketed_ddp_rejects_a_bad_cap():
     (AfterBackwardPerTensor, (2,), "not_bucketed", "one flat tensor"),
     (BucketsLaunchedInFinish, (2,), "after_backward", "during backward"),
     (OneBucketWhateverTheCap, (3,), "buckets", "honour the cap"),
-    (BlockingInHook, (2,), "blocking", "async_op=True"),
+    (BlockingInHook, (2,), "blocking", "were synchronous"),
+    (BlocksFromTheSecondStep, (2,), "blocking", "step 1: async_op=True, but backward waited"),
     (AsyncButWaitedAtOnce, (2,), "blocking", "waited on inside backward"),
     (ClosedOnlyPastTheCap, (2,), "buckets", "honour the cap"),
     (CapInElements, (2,), "buckets", "bytes"),
@@ -340,7 +364,7 @@ def test_bucketed_ddp_rejects_a_bad_cap():
     (AsyncOpForgotten, (2,), "no_work", "async_op=True returns None"),  # once frozen_reduced, as any NoneType
     (CountsTheFrozenOne, (2,), "never_launched", "never launched"),  # once frozen_reduced, as any NoneType
     (EarlyBoundWaitedAtOnce, (2,), "blocking", "waited on inside backward"),
-    (EarlyBoundBlocking, (2,), "blocking", "async_op=True"),
+    (EarlyBoundBlocking, (2,), "blocking", "were synchronous"),
     (WaitedThroughFuture, (2,), "blocking", "waited on inside backward"),
     (WaitedAllAtOnce, (2,), "blocking", "waited on inside backward"),
     (PolledUntilDone, (2,), "blocking", "waited on inside backward"),

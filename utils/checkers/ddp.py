@@ -108,7 +108,8 @@ class AllReduceLog:
 
     The calls are seen where every path to a process group meets (``utils.comm.process_group_calls.observe``), so
     ``dist.all_reduce``, an ``all_reduce`` imported by name before the check and ``distributed_c10d.all_reduce``
-    count alike. With ``hold=True`` the first all-reduce issued during backward is *held*: the answer gets, instead
+    count alike. With ``hold=True`` (the check holds the first and the last step: a wait on a work kept from an
+    earlier step can only show in a later one) the first all-reduce issued during backward is *held*: the answer gets, instead
     of gloo's work, one made from a future (``_create_work_from_future``) that completes ``HOLD`` seconds after the
     real one, however the answer waits for it (``wait()``, ``get_future().wait()``, ``torch.futures.wait_all``,
     polling ``is_completed()``, a synchronous call, which waits on the work it gets). If it completes while
@@ -193,7 +194,8 @@ def _on_rank(ddp_class, x, y, batches, lr, seed, caps):
                 mine = idx.view(n, -1)[rank]  # this rank's equal share of the global batch
                 opt.zero_grad()
                 loss = F.cross_entropy(model(x[mine]), y[mine])
-                with CommLedger() as ledger, AllReduceLog(hold=step == 0) as log:
+                held = step in (0, len(batches) - 1)  # the first step, and the last: a wait on works kept from
+                with CommLedger() as ledger, AllReduceLog(hold=held) as log:  # an earlier step shows only later
                     log.in_backward = True
                     loss.backward()  # the hooks should launch every bucket in here
                     log.in_backward = False
@@ -260,9 +262,10 @@ def _check_pattern(n, runs, probe, cap):
         raise LabCheckFailed("blocking", f"bucket_cap_bytes={cap}: {barriers} dist.barrier() call(s) during backward: "
                              "a barrier waits for every collective issued before it, so backward stood still while "
                              "each all-reduce travelled.", HINTS["blocking"], n)
-    if steps[0]["held"]:
-        sync = [b for b, is_async, during in steps[0]["calls"] if during and not is_async]
-        raise LabCheckFailed("blocking", f"bucket_cap_bytes={cap}: " + (
+    held = [k for k, step in enumerate(steps) if step["held"]]
+    if held:
+        sync = [b for b, is_async, during in steps[held[0]]["calls"] if during and not is_async]
+        raise LabCheckFailed("blocking", f"bucket_cap_bytes={cap}, step {held[0]}: " + (
             f"{len(sync)} all-reduces were synchronous (no async_op=True): backward stood still while each travelled."
             if sync else "async_op=True, but backward waited for the first bucket's all-reduce before it went on "
             "(its work was waited on inside backward): it overlaps nothing, as with a synchronous call."),
