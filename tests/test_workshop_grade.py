@@ -68,13 +68,14 @@ if SANDBOX:  # answers that only the sandbox stops: without it they would read t
 # Left out of the repository's listing: what is not the course (.venv, .git, caches), and what the notebooks that
 # run beside this test under pytest-xdist write (build/, data/): the answers' writes are aimed elsewhere.
 NOT_COMPARED = (".venv", ".git", "__pycache__", ".pytest_cache", ".ipynb_checkpoints", "build", "data")
+CLASSROOM = ".grade-test-"  # a class's folder inside the course (nbgrader's default), made and removed by a test
 
 
 def _listing(folder, skip=NOT_COMPARED):
     """Every file under ``folder`` with its size and mtime (the folders in ``skip`` left out)."""
     found = {}
     for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames[:] = [d for d in dirnames if d not in skip]
+        dirnames[:] = [d for d in dirnames if d not in skip and not d.startswith(CLASSROOM)]
         for name in filenames:
             path = Path(dirpath, name)
             try:
@@ -331,3 +332,45 @@ def test_without_the_sandbox_the_grader_refuses_unless_told(tmp_path, monkeypatc
         grader.main([str(tmp_path / "submitted"), str(tmp_path / "out")])
     grader.main([str(tmp_path / "submitted"), str(tmp_path / "out"), "--no-sandbox"])
     assert (tmp_path / "out" / "gradebook.csv").exists()
+
+
+@pytest.mark.skipif(not SANDBOX, reason="the CPU-time limit is the sandbox's (prlimit)")
+def test_an_answer_over_its_cpu_time_is_named_time(tmp_path, monkeypatch):
+    """CPU_LIMIT seconds of CPU per process: a loop that spins past them is ``time``, whatever the wall clock (the
+    timeout is far above, so that a loaded machine still reaches the CPU limit first)."""
+    monkeypatch.setattr(grader, "CPU_LIMIT", 6)
+    _submit(tmp_path, "spinner", SIGNATURE + "    while True:\n        pass\n")  # spins in the grading process
+    ranks = tmp_path / "submitted" / "rank_spinner" / "01a_halving_reduce_scatter_lab.ipynb"  # spins in its ranks
+    ranks.parent.mkdir(parents=True)
+    nbformat.write(notebook_with("01a_halving_reduce_scatter_lab", {"halving_reduce_scatter": (
+        "def halving_reduce_scatter(tensor):\n    while True:\n        pass\n")}), str(ranks))
+    answers, _, _ = grader.find_submissions(tmp_path / "submitted")
+    for answer in answers:
+        verdict = grader.run_answer(answer, 0, world_size=2, timeout=300)
+        assert (verdict.verdict, cell([verdict])) == ("time", "over the CPU-time limit"), verdict
+        assert "6 s of CPU" in verdict.hint
+
+
+@pytest.mark.skipif(not SANDBOX, reason="without the sandbox an answer can read what the grader can")
+def test_an_answer_cannot_read_a_classmates_notebook(tmp_path):
+    """The class's folders where nbgrader puts them by default, inside the course, which the sandbox reads: the
+    grader's command (main) hides the submissions and the gradebook; the same answer run without them hidden reads
+    its classmate's notebook, so the test would fail if main stopped hiding them."""
+    import shutil
+    import tempfile
+
+    course = Path(tempfile.mkdtemp(dir=ROOT, prefix=CLASSROOM))
+    try:
+        victim = course / "submitted" / "victim" / "lab06" / f"{LAB}.ipynb"
+        _submit(course, "victim", None)
+        _submit(course, "thief", SIGNATURE + f"    open({str(victim)!r}).read()\n    return []\n")
+        grader.main([str(course / "submitted"), str(course / "out"), "--labs", LAB, "--world-size", "2",
+                     "--timeout", "240", "--workers", "2"])
+        rows = {row.split(",")[0]: row.split(",")[1] for row in
+                (course / "out" / "gradebook.csv").read_text().splitlines()}
+        assert rows["victim"] == "pass" and rows["thief"] == "raised", rows
+        thief = [a for a in grader.find_submissions(course / "submitted")[0] if a.learner == "thief"][0]
+        seen = grader.run_answer(thief, 0, world_size=2, timeout=240)  # the submissions not hidden
+        assert seen.verdict == "mistake", seen  # it read the notebook, and returned []
+    finally:
+        shutil.rmtree(course)

@@ -51,6 +51,28 @@ open('mine.txt', 'w').write('ok')
 
 
 @needs_bwrap
+def test_what_it_writes_outside_its_folder_lands_on_disk_or_nowhere(tmp_path):
+    """/tmp and /dev/shm are folders of its own on disk (a tmpfs there would hold memory no RLIMIT_AS counts); a
+    hidden folder is read-only and a hidden file empty."""
+    course = tmp_path / "course"
+    (course / "solutions").mkdir(parents=True)
+    (course / "scores.json").write_text("the mutants' verdicts")
+    done = run(f"""
+import os
+for path in ('/tmp/big', '/dev/shm/big'):
+    open(path, 'wb').write(bytes(1 << 20))
+print(repr(open({str(course / 'scores.json')!r}).read()))
+try:
+    open({str(course / 'solutions' / 'x')!r}, 'w')
+except OSError as err:
+    print(err.strerror)
+""", tmp_path, readable=[course], hidden=[course / "solutions", course / "scores.json"])
+    assert done.stdout.split("\n")[:2] == ["''", "Read-only file system"], done
+    for name in ("tmp", "shm"):
+        assert (tmp_path / "work" / f".sandbox-{name}" / "big").stat().st_size == 1 << 20
+
+
+@needs_bwrap
 def test_every_process_it_started_ends_with_it(tmp_path):
     marker = "31337.25"
     done = run(f"import subprocess; subprocess.Popen(['sleep', '{marker}'], start_new_session=True); print('left')",

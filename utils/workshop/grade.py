@@ -20,8 +20,8 @@ that may reach the grader or another learner. So each answer runs
 - in the sandbox of ``utils.workshop.sandbox`` (bubblewrap; ``--no-sandbox`` where it cannot run, with a warning):
   the course read-only without ``labs/solutions``, ``build/`` and ``.git``, neither the submissions nor the
   gradebook, a copy of its own notebook, no network but loopback; every process it starts ends with it (its own
-  process namespace); ``MEMORY_LIMIT`` bytes of address space per process (beyond: the verdict ``memory``) and its
-  timeout plus 30 s of CPU per process (beyond: ``time``);
+  process namespace); ``MEMORY_LIMIT`` bytes of address space per process (beyond: the verdict ``memory``) and
+  ``CPU_LIMIT`` seconds of CPU per process, by default its timeout (beyond: ``time``);
 - in a fresh temporary folder, its working directory, ``HOME`` and ``TMPDIR`` (removed afterwards), with
   files it writes capped at ``FILE_LIMIT`` bytes each (``RLIMIT_FSIZE``);
 - with a wall-clock timeout (``Part.timeout``, or ``--timeout``), after which the process and everything
@@ -72,14 +72,17 @@ VERDICTS = {  # verdict -> what the gradebook says (a "mistake" shows the checke
     "crash": "crash",              # the grading process died (os._exit, a signal, out of memory)
     "unparsable": "does not parse",  # not a notebook (invalid JSON), or a code cell with a syntax error
     "memory": "over the memory limit",  # an allocation beyond MEMORY_LIMIT failed, or the process was killed for it
-    "time": "over the CPU-time limit",  # CPU_LIMIT seconds of CPU used by one process (SIGXCPU)
+    "time": "over the CPU-time limit",  # CPU_LIMIT (or the timeout's) seconds of CPU used by one process (SIGXCPU)
 }
 OUTPUT_LIMIT = 8_000   # bytes of an answer's output kept for its feedback: the first and the last half
 MESSAGE_LIMIT = 4_000  # characters of a checker's message kept (it may quote the learner's exception)
 FILE_LIMIT = 64 << 20  # bytes any one file an answer writes may reach (RLIMIT_FSIZE); beyond: SIGXFSZ, a crash
 MEMORY_LIMIT = 6 << 30  # bytes of address space each process of an answer may reserve (the sandbox's prlimit --as)
 MEMORY_PHRASES = ("MemoryError", "can't allocate memory", "Cannot allocate memory")
-HIDDEN = ("labs/solutions", "build", ".git")  # folders of the course an answer's sandbox does not see
+CPU_LIMIT = None  # seconds of CPU each process of an answer may use (prlimit --cpu); None: the answer's timeout, which
+# one thread reaches only as its wall-clock timeout ends: ``time`` is for an answer whose threads spin in parallel
+HIDDEN = ("labs/solutions", "build", ".git", "tests",  # folders and files of the course an answer's sandbox does not
+          "utils/course/mutation_scores.json")  # see: the planted wrong answers, and the mutants' verdicts
 
 
 @dataclass(frozen=True)
@@ -296,7 +299,7 @@ def run_answer(answer, index, world_size, smoke=False, timeout=None, sandbox=Non
                    str(result), str(world_size), *(["--smoke"] if smoke else [])]
         if boxed:
             command = box.sandboxed(command, tmp, readable=[ROOT], hidden=[ROOT / h for h in HIDDEN] + list(hidden),
-                                    memory=MEMORY_LIMIT, cpu=timeout + 30)
+                                    memory=MEMORY_LIMIT, cpu=CPU_LIMIT or timeout)
         done = run_child(command, timeout, env=env, cwd=work, stdin=subprocess.DEVNULL, limit=OUTPUT_LIMIT, drain=10)
         verdict = Verdict(answer.learner, answer.lab, part.name, "crash", seconds=round(done.seconds, 1),
                           output=done.output)
@@ -314,8 +317,12 @@ def run_answer(answer, index, world_size, smoke=False, timeout=None, sandbox=Non
             verdict.message = f"the grading process ended without a verdict ({how})"
             verdict.hint = "your code ended the process (os._exit, sys.exit in a rank, a signal): return instead."
             if code == -signal.SIGXCPU:
-                verdict.verdict, verdict.hint = "time", (f"a process of your answer used {timeout + 30:g} s of CPU: "
-                                                         "look for a loop that never ends.")
+                verdict.verdict, verdict.hint = "time", (f"a process of your answer used {CPU_LIMIT or timeout:g} s "
+                                                         "of CPU: look for a loop that never ends.")
+        if verdict.verdict in ("mistake", "error", "crash") and "SIGXCPU" in verdict.message + verdict.output:
+            verdict.verdict = "time"  # a rank of the answer's, killed at its CPU limit (utils.launch names the signal)
+            verdict.hint = (f"a process of your answer used {CPU_LIMIT or timeout:g} s of CPU: look for a loop that "
+                            "never ends.")
         if verdict.verdict in ("mistake", "error", "crash") and any(
                 phrase in verdict.message + verdict.output for phrase in MEMORY_PHRASES):
             verdict.verdict = "memory"

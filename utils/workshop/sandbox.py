@@ -5,9 +5,12 @@
 allow) under ``prlimit`` (util-linux). Inside, the program sees
 
 - the system (``/usr``, ``/etc`` and the links into them), the Python installation and the course, all read-only;
-- not the folders in ``hidden`` (an empty folder in their place): the labs' solutions, ``build/`` (the gradebook,
-  the release), ``.git``, and whatever the caller adds (the submissions, other learners);
-- ``work``, its own folder, read-write, and a private ``/tmp``; a fresh ``/proc`` and ``/dev``;
+- not the folders and files in ``hidden`` (an empty read-only folder, or an empty file, in their place): the labs'
+  solutions, ``build/`` (the gradebook, the release), ``.git``, and whatever the caller adds (the submissions, other
+  learners);
+- ``work``, its own folder, read-write, and a private ``/tmp`` and ``/dev/shm`` (folders of ``work``, on disk: a
+  tmpfs would keep what is written there in memory that the memory limit does not count); a fresh ``/proc`` and
+  ``/dev``;
 - no network but its own loopback (``--unshare-net``: gloo's ranks still talk over 127.0.0.1);
 - its own process namespace (``--unshare-pid``): when the program ends, every process it started ends with it,
   a daemon that double-forked or called ``setsid`` included (the kernel kills a namespace with its first process);
@@ -15,6 +18,11 @@ allow) under ``prlimit`` (util-linux). Inside, the program sees
 - limits on each of its processes (``prlimit``): ``memory`` bytes of address space (an allocation beyond fails with
   ``MemoryError`` or torch's "can't allocate memory", which the grader names ``memory``) and ``cpu`` seconds of
   CPU time (beyond, the kernel sends SIGXCPU: the grader names it ``time``).
+
+Not limited: the number of processes. ``RLIMIT_NPROC`` counts every thread of the grader's user (and none of
+root's), so no value both stops a fork bomb and lets sixteen workers' torch threads run; a cgroup's ``pids.max``
+would, where the grader may create cgroups (root, or a delegated cgroup v2 subtree). The process namespace still
+ends every process an answer started when it ends.
 
 ``available()`` says why the sandbox cannot run here (no bwrap, no user namespaces), or None. Measured on this
 course's 2-core machine: starting Python with torch and 2 ranks inside the sandbox costs no more than outside
@@ -62,10 +70,11 @@ def _system_binds():
 def sandboxed(argv, work, readable=(), hidden=(), memory=None, cpu=None, net=False):
     """The command line that runs ``argv`` in the sandbox (see the module docstring). ``work``: the program's own
     folder (read-write, its working directory); ``readable``: folders it may read (the course; the Python of
-    ``sys.base_prefix`` and ``sys.prefix`` are added); ``hidden``: folders inside those it must not see;
+    ``sys.base_prefix`` and ``sys.prefix`` are added); ``hidden``: folders and files inside those it must not see;
     ``memory``: bytes of address space per process; ``cpu``: seconds of CPU time per process; ``net``: keep the
     host's network (default: loopback only)."""
     work = str(Path(work).resolve())
+    os.makedirs(work, exist_ok=True)
     binds = _system_binds()
     seen = set()
     for path in [sys.base_prefix, sys.prefix, *map(str, readable)]:
@@ -74,12 +83,24 @@ def sandboxed(argv, work, readable=(), hidden=(), memory=None, cpu=None, net=Fal
             seen.add(path)
             binds += ["--ro-bind", path, path]
     for path in map(str, hidden):
-        if os.path.isdir(path):
-            binds += ["--tmpfs", str(Path(path).resolve())]
-    # /proc, /dev and a private /tmp first: a folder given under the host's /tmp is then bound on top of it
+        path = str(Path(path).resolve())
+        if os.path.isdir(path):  # an empty folder in its place, read-only: nothing written there lands in memory
+            binds += ["--tmpfs", path, "--remount-ro", path]
+        elif os.path.isfile(path):  # an empty file in its place (not /dev/null: bwrap's binds are nodev)
+            empty = os.path.join(work, ".sandbox-empty")
+            open(empty, "w").close()
+            binds += ["--ro-bind", empty, path]
+    # The program's /tmp and /dev/shm are folders of ``work``, on disk: a tmpfs would hold what is written there in
+    # memory that no RLIMIT_AS counts. /proc, /dev and /tmp first: a folder given under the host's /tmp is then bound
+    # on top of them.
+    private = {}
+    for name in ("tmp", "shm"):
+        private[name] = os.path.join(work, f".sandbox-{name}")
+        os.makedirs(private[name], exist_ok=True)
     command = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                "--unshare-cgroup-try", *([] if net else ["--unshare-net"]), "--proc", "/proc", "--dev", "/dev",
-               "--tmpfs", "/tmp", *binds, "--bind", work, work, "--chdir", work, *argv]
+               "--bind", private["shm"], "/dev/shm", "--bind", private["tmp"], "/tmp", *binds, "--bind", work, work,
+               "--chdir", work, *argv]
     # CPU: SIGXCPU at the soft limit (the grader names it), SIGKILL 5 s of CPU later if it is caught
     limits = ([f"--as={int(memory)}"] if memory else []) + ([f"--cpu={int(cpu)}:{int(cpu) + 5}"] if cpu else [])
     return ["prlimit", *limits, "--", *command] if limits else command
