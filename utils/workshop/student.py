@@ -161,8 +161,10 @@ def _copy_course(dest):
     regions = 0
     for path in sorted(dest.rglob("*.ipynb")):  # the labs hold them; a lesson that did would be marked too
         nb = json.loads(path.read_text())
-        if found := mark_solutions(nb):
-            regions += found
+        notes = nb.get("metadata", {}).get("course", {}).pop("teaching", None)  # the teacher's notes stay home
+        found = mark_solutions(nb)
+        regions += found
+        if found or notes is not None:
             _write(path, nb)
     return regions
 
