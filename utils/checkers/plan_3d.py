@@ -16,6 +16,7 @@ step cannot run (``utils.mesh.plan3d.unrunnable``).
 
 import dataclasses
 import itertools
+import re
 
 from .. import planner
 from ..mesh import parallelize3d
@@ -240,6 +241,15 @@ def _no_fit(choose_plan, case):
     try:
         plan = call_choose_plan(choose_plan, job, args, no_fit=True)
     except ValueError as err:
+        tb = err.__traceback__
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        if "/planner/" in tb.tb_frame.f_code.co_filename:  # the planner refused a plan the search built
+            fail(HINTS, "divisibility", f"{job}: the ValueError came from the planner, not from your search: "
+                 f"{str(err)[:160]}")
+        if not re.search(r"\d", str(err)):
+            fail(HINTS, "no_fit", f"{job}: no plan fits and choose_plan raised ValueError({str(err)[:120]!r}), "
+                 "which names no number: say the cap and what the smallest plan needs.")
         return f"{job}: no plan fits; raised ValueError: {str(err)[:120]}"
     fail(HINTS, "no_fit", f"{job}: no plan of the lab's space is under the cap, but choose_plan returned {plan!r}")
 
