@@ -75,11 +75,30 @@ def test_each_checker_covers_its_kinds():
     """Read from the checkers themselves: their cases are the generator's, every kind included."""
     for p in range(1, 9):
         assert {n for n, _ in halving_doubling.cases(p)} == {n for n, _ in element_counts(p)}
-    assert set(ddp.CAPS) == {cap for cap, _ in bucket_caps(TOY, round_caps=(1 << 20, 4096))}
     logits, _, _ = tensor_parallel.make_case("large", 2)
     assert logits.min() > FAR_APART["large"] - 10
     logits, target, _ = tensor_parallel.make_case("apart", 2)
     assert logits[torch.arange(len(target)), target].max() < FAR_APART["apart"] + 10
+
+
+class Stop(Exception):
+    pass
+
+
+def test_lab_02_trains_at_every_cap_kind(monkeypatch):
+    """The caps check_ddp hands its ranks when called as the lab and the grader call it (not its module constant):
+    every kind of the generator's, the exact fills included."""
+    seen = {}
+
+    def launch(rank_fn, args, *rest, **kwargs):
+        seen["caps"] = args[-1]  # _on_rank(ddp_class, x, y, batches, lr, seed, caps)
+        raise Stop
+    monkeypatch.setattr(ddp, "launch_answer", launch)
+    with pytest.raises(Stop):
+        LABS["02_ddp_lab"].parts[0].call(ddp.check_ddp, {"BucketedDDP": object}, 4, False)
+    kinds = dict(bucket_caps(TOY, round_caps=(1 << 20, 4096)))
+    assert set(seen["caps"]) == set(kinds), (seen["caps"], kinds)
+    assert {"fills_exactly_first", "fills_exactly_later", "one_short_later"} <= set(kinds.values()), kinds
 
 
 @pytest.mark.parametrize("lab", sorted(LABS))

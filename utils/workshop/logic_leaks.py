@@ -16,6 +16,12 @@ notebooks' code cells are read the same way, and a leak is
 
 Short, common code (``rank = dist.get_rank()``) is below both sizes. ``find(release)`` returns the leaks as
 ``Leak`` rows naming the answer, its line, and where in the release the same logic is.
+
+What it does not find (a bound on what the release test proves, not a promise): the same logic with a statement
+put between two of the answer's (a dummy line breaks every window); a loop rewritten as a comprehension, or ``if``
+as a conditional expression (another AST); a formula split over several assignments, each under
+``MIN_EXPRESSION``; constants changed by an equivalent (``n // 2`` for ``n >> 1``). A teacher's review of what
+``utils/checkers`` ships stays the check for those.
 """
 
 import ast
