@@ -20,6 +20,7 @@ from lab_grading import expect_raised, expect_rejection
 from utils.course.notebook_runner import ROOT
 from utils.comm import compat
 from utils.checkers.zero import check_bucketed_zero2, check_make_buckets
+from utils.models import ToyNet
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
 from solutions.zero import BucketedZeRO2, make_buckets  # noqa: E402
@@ -79,6 +80,61 @@ def buckets_generator(params, bucket_numel):
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_make_buckets_rejects(wrong, mistake, phrase):
     expect_rejection(check_make_buckets, wrong, mistake=mistake, phrase=phrase)
+
+
+def _buckets_rule(sizes, cap, closes_at_cap=False, start=0):
+    """DeepSpeed's rule on parameter sizes, as indices, with the off-by-ones make mutants wrote: a bucket closed
+    when it would reach the cap (``>=``), a count started at ``start``."""
+    out, current, size = [], [], start
+    for i in reversed(range(len(sizes))):
+        if current and (size + sizes[i] >= cap if closes_at_cap else size + sizes[i] > cap):
+            out.append(current)
+            current, size = [], start
+        current.append(i)
+        size += sizes[i]
+    return out + [current]
+
+
+OFF_BY_ONE = {"closed at the cap": dict(closes_at_cap=True), "counted from 1": dict(start=1),
+              "counted from -1": dict(start=-1)}
+OFF_BY_ONE_MISTAKE = {"closed at the cap": "bucket_size", "counted from 1": "bucket_size",  # closed too early
+                      "counted from -1": "bucket_overflow"}  # one number past the cap let in
+
+
+def _planted_off_by_one(how):
+    def answer(params, bucket_numel):
+        indices = _buckets_rule([p.numel() for p in params], bucket_numel, **OFF_BY_ONE[how])
+        return [[params[i] for i in bucket] for bucket in indices]
+    answer.__name__ = how.replace(" ", "_")
+    return answer
+
+
+def test_make_buckets_cases_sit_on_the_boundaries():
+    """Each case is the kind its table says, under the rule; and each off-by-one of the rule changes the buckets at
+    one of them (make mutants found the three equivalent when no bucket filled exactly)."""
+    from utils.checkers.zero_buckets import SMALL, SMALL_CAPS, TOY_CAPS
+
+    toy = [p.numel() for p in ToyNet().parameters() if p.requires_grad]
+    for sizes, caps in ((toy, TOY_CAPS), (list(SMALL), SMALL_CAPS)):
+        for cap, kind in caps:
+            buckets = _buckets_rule(sizes, cap)
+            made = [sum(sizes[i] for i in b) for b in buckets]
+            first, later = made[0], made[1:-1]
+            assert {"fills_exactly_first": first == cap and len(buckets[0]) > 1,
+                    "fills_exactly_later": cap in later and first != cap,
+                    "one_short_later": any(made[k] + sizes[buckets[k + 1][0]] == cap + 1  # the next one is 1 over
+                                           for k in range(1, len(buckets) - 1)),
+                    "inside_a_tensor": cap not in made and len(made) > 1,
+                    "one_for_all": len(made) == 1,
+                    "one_per_tensor": len(made) == len(sizes)}[kind], (sizes, cap, kind, made)
+        for how, knobs in OFF_BY_ONE.items():
+            assert any(_buckets_rule(sizes, cap, **knobs) != _buckets_rule(sizes, cap) for cap, _ in caps), \
+                f"no case of {sizes} tells the rule from a bucket {how}"
+
+
+@pytest.mark.parametrize("how", sorted(OFF_BY_ONE))
+def test_make_buckets_rejects_each_off_by_one(how):
+    expect_rejection(check_make_buckets, _planted_off_by_one(how), mistake=OFF_BY_ONE_MISTAKE[how])
 
 
 def test_make_buckets_names_the_numbers():

@@ -70,15 +70,32 @@ def bucket_indices(make_buckets, params, bucket_numel):
     return [[index.get(id(p), -1) for p in bucket] for bucket in buckets]
 
 
-def check_make_buckets(fn, cases=((1000, 10), (1000, 1000), (5000, 100), (1, 1))):
-    """Check ``fn(params, bucket_numel)`` on ToyNet's parameters and on a list of small tensors."""
+# The bucket_numel values tried, with the boundary each one is at under DeepSpeed's rule (a bucket closes before the
+# parameter that would take it past bucket_numel). Written as numbers, not computed: computing them would be the rule,
+# the answer to this task. tests/checkers/test_zero.py recomputes them with the rule and its off-by-ones (a bucket
+# closed at ``>=``, a count started at +1 or -1): each off-by-one changes the buckets at one of the boundary cases.
+TOY_CAPS = (  # ToyNet's trainable parameters, last first: 10, 640, 64, 64, 4096, 64, 4096 numbers (9,034)
+    (650, "fills_exactly_first"),    # 10 + 640
+    (4160, "fills_exactly_later"),   # 4096 + 64, after 10 + 640 + 64 + 64
+    (4159, "one_short_later"),       # a later bucket of 4096 that the next 64 would pass by one number
+    (1000, "inside_a_tensor"),       # a cap that ends inside the next parameter
+    (10_000, "one_for_all"),         # more than the 9,034 numbers
+    (1, "one_per_tensor"),
+)
+SMALL = (3, 7, 2, 9, 1, 4)
+SMALL_CAPS = ((5, "fills_exactly_first"), (9, "fills_exactly_later"), (10, "one_short_later"),
+              (100, "one_for_all"), (1, "one_per_tensor"))
+
+
+def check_make_buckets(fn, toy_caps=TOY_CAPS, small_caps=SMALL_CAPS):
+    """Check ``fn(params, bucket_numel)`` on ToyNet's parameters and on tensors of ``SMALL`` numbers, at each cap."""
     __tracebackhide__ = True
     toy = [p for p in ToyNet().parameters() if p.requires_grad]  # 7 tensors, 9,034 numbers
-    small = [torch.zeros(k, requires_grad=True) for k in (3, 7, 2, 9, 1, 4)]
+    small = [torch.zeros(k, requires_grad=True) for k in SMALL]
     lines = []
-    for params, label in ((toy, "ToyNet"), (small, "sizes [3, 7, 2, 9, 1, 4]")):
+    for params, label, caps in ((toy, "ToyNet", toy_caps), (small, f"sizes {list(SMALL)}", small_caps)):
         sizes = [p.numel() for p in params]
-        for bucket_numel in sorted({c[0] if params is toy else c[1] for c in cases}):
+        for bucket_numel, _ in caps:
             got = bucket_indices(fn, params, bucket_numel)
             judge_buckets(sizes, got, bucket_numel, f"{label}, bucket_numel={bucket_numel:,}")
             if params is toy:
