@@ -2,8 +2,9 @@
 
 Each lab's reference solution (``labs/solutions/``) is mutated, one small wrong edit at a time, in the code the lab
 asks a learner to write (``mutate``); the lab's checker runs on every mutant, all parts at the world sizes
-``tests/test_every_lab.py`` uses, each in a fresh process with a timeout (``run``, ``trial``); a mutant the checker
-accepts goes to a one-process oracle (``oracle``): the same results as expected on the checker's inputs and larger
+``tests/test_every_lab.py`` uses (``SMOKE``), then, for a mutant those accept, as the learner's own check runs them
+(the notebook's ``WORLD_SIZE``, without ``SMOKE``: 6 ranks where the lab accepts them), each in a fresh process with a
+timeout (``run``, ``trial``); a mutant the checker still accepts goes to a one-process oracle (``oracle``): the same results as expected on the checker's inputs and larger
 ones make it equivalent, anything else is a miss. ``python -m utils.course.mutants`` prints a table per lab and
 writes ``build/mutants/<lab>.json`` with every mutant's outcome and each miss's diff line.
 

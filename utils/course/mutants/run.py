@@ -57,8 +57,9 @@ def choose(all_mutants, sample=None, limit=None, seed=0):
 
 
 def _timeout(lab):
-    """The subprocess's limit: every part's grading timeout at every suite size, plus the start-up."""
-    return 30.0 + len(suite_world_sizes(lab.path(ROOT))) * sum(part.timeout for part in lab.parts)
+    """The subprocess's limit: every part's grading timeout at every suite size and the learner's, plus the
+    start-up."""
+    return 30.0 + (len(suite_world_sizes(lab.path(ROOT))) + 1) * sum(part.timeout for part in lab.parts)
 
 
 def _trial(lab, path, result, timeout, oracle=False):

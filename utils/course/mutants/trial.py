@@ -31,21 +31,27 @@ def answers_of(source, lab, module_name):
 
 
 def judge(lab, answers):
-    """The lab's parts at the suite's world sizes, as tests/test_every_lab.py runs the reference: the first
-    rejection, or accepted."""
-    for n in suite_world_sizes(lab.path(ROOT)):
+    """The lab's parts at the suite's world sizes, as tests/test_every_lab.py runs the reference, then (a mutant
+    they accept) as the learner's own check runs them: the notebook's WORLD_SIZE, without SMOKE (6 ranks
+    included). The first rejection (``sizes``: "suite" or "learner"), or accepted."""
+    from utils.workshop.grade import lab_world_size
+
+    runs = [(n, True, "suite") for n in suite_world_sizes(lab.path(ROOT))]
+    runs.append((lab_world_size(lab.name), False, "learner"))
+    for n, smoke, sizes in runs:
         for part in lab.parts:
             try:
-                result = part.run(answers, world_size=n, smoke=True)
+                result = part.run(answers, world_size=n, smoke=smoke)
             except LabCheckFailed as err:
                 outcome = "unnamed" if err.mistake in UNNAMED else "named"
-                return dict(outcome=outcome, mistake=err.mistake, part=part.name, world_size=n,
+                return dict(outcome=outcome, mistake=err.mistake, part=part.name, world_size=n, sizes=sizes,
                             detail=str(err).splitlines()[0][:300])
             except Exception as err:  # anything else the checker let through is a rejection without a name
-                return dict(outcome="unnamed", mistake=None, part=part.name, world_size=n,
+                return dict(outcome="unnamed", mistake=None, part=part.name, world_size=n, sizes=sizes,
                             detail=f"{type(err).__name__}: {str(err)[:300]}")
             if not str(result).startswith("PASSED"):
-                return dict(outcome="unnamed", mistake=None, part=part.name, world_size=n, detail=str(result)[:300])
+                return dict(outcome="unnamed", mistake=None, part=part.name, world_size=n, sizes=sizes,
+                            detail=str(result)[:300])
     return dict(outcome="accepted", mistake=None, part=None, world_size=None, detail=None)
 
 
