@@ -60,3 +60,22 @@ def test_errors_name_the_numbers():
         check_ranks(4, 2)
     with pytest.raises(ValueError, match="unknown schedule"):
         schedule_orders("zero bubble", 2, 2)
+
+
+def test_the_timeline_tells_f_b_and_w_apart_without_colour():
+    """Issue 40: a pattern per kind and each pass's letter in its label, so a grey-scale print still reads."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from utils.pipeline.timeline import HATCHES, draw_gantt
+    from utils.pipeline.zero_bubble import zb_h1_order
+
+    fig, ax = plt.subplots(figsize=(12, 2))
+    draw_gantt(ax, simulate([zb_h1_order(r, 2, 4) for r in range(2)], 1.0, 1.0, weight=1.0), unit=None)
+    drawn = {bar.get_hatch() or "" for bar in ax.patches}
+    assert {HATCHES[k] for k in "FBW"} <= drawn, drawn  # one pattern per kind drawn
+    assert len({HATCHES[k] for k in "FBW"}) == 3, "F, B and W share a pattern"
+    labels = {t.get_text()[0] for t in ax.texts}
+    assert labels == {"F", "B", "W"}, labels
+    assert [t.get_text() for t in ax.get_legend().get_texts()][:3] == ["F: forward", "B: backward", "W: weight gradient"]
+    plt.close(fig)

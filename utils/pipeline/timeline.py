@@ -42,6 +42,10 @@ import torch.distributed as dist
 from .schedules import Interval
 
 COLORS = {"F": "#4C72B0", "B": "#55A868", "W": "#8172B2", "send": "#C0C0C0", "recv": "#E0B040"}
+# Told apart without colour too (a grey-scale print, colour blindness): a pattern per kind, and each pass's label
+# starts with its letter (F3: the forward of micro-batch 3).
+HATCHES = {"F": "", "B": "////", "W": "xxxx", "send": "", "recv": "...."}
+NAMES = {"F": "F: forward", "B": "B: backward", "W": "W: weight gradient", "send": "send", "recv": "waiting to receive"}
 
 
 class _Recorder:
@@ -207,9 +211,11 @@ def run_stage(stage_module, ops, *, stage, stages, x_mbs=None, y_mbs=None, recv_
 
 
 def draw_gantt(ax, intervals, title="", unit="ms", show_comm=True, label_mb=True):
-    """One row per rank (rank 0 on top): forwards blue, backwards green (B), weight gradients purple (W), recv
-    waits yellow, sends grey; white is idle. ``intervals``: measured (seconds, shown in ``unit``) or simulated
-    (``unit=None``)."""
+    """One row per rank (rank 0 on top): forwards blue (F), backwards green and hatched (B), weight gradients purple
+    and cross-hatched (W), recv waits yellow and dotted, sends grey; white is idle; a legend below names them.
+    ``intervals``: measured (seconds, shown in ``unit``) or simulated (``unit=None``)."""
+    from matplotlib.patches import Patch  # here: the ranks import this module and draw nothing
+
     if not intervals:
         return ax
     t0 = min(iv.start for iv in intervals)
@@ -221,13 +227,18 @@ def draw_gantt(ax, intervals, title="", unit="ms", show_comm=True, label_mb=True
         height = 0.8 if iv.kind in ("F", "B", "W") else 0.25
         y = ranks - 1 - iv.rank
         left, width = (iv.start - t0) * scale, (iv.end - iv.start) * scale
-        ax.barh(y, width, left=left, height=height, color=COLORS[iv.kind], edgecolor="white" if height > 0.5 else None,
-                linewidth=0.5, alpha=1.0 if iv.chunk == 0 else 0.6)  # later chunks (interleaved) lighter
+        ax.barh(y, width, left=left, height=height, color=COLORS[iv.kind], hatch=HATCHES[iv.kind],
+                edgecolor="white" if height > 0.5 else None, linewidth=0.5,
+                alpha=1.0 if iv.chunk == 0 else 0.6)  # later chunks (interleaved) lighter
         if label_mb and iv.kind in ("F", "B", "W"):
             span = (max(i.end for i in intervals) - t0) * scale
-            if width > span / 60:
-                text = str(iv.mb) if iv.chunk == 0 else f"{iv.mb}.{iv.chunk}"
-                ax.text(left + width / 2, y, text, ha="center", va="center", color="white", fontsize=7)
+            if width > span / 40:
+                text = f"{iv.kind}{iv.mb}" if iv.chunk == 0 else f"{iv.kind}{iv.mb}.{iv.chunk}"
+                ax.text(left + width / 2, y, text, ha="center", va="center", color="white", fontsize=7,
+                        bbox=dict(boxstyle="square,pad=0.05", facecolor=COLORS[iv.kind], linewidth=0))
+    kinds = [k for k in COLORS if any(iv.kind == k for iv in intervals) and (show_comm or k in ("F", "B", "W"))]
+    ax.legend(handles=[Patch(facecolor=COLORS[k], hatch=HATCHES[k], edgecolor="white", label=NAMES[k]) for k in kinds],
+              loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=len(kinds), fontsize=7, frameon=False)
     ax.set_yticks(range(ranks), [f"rank {r}" for r in reversed(range(ranks))])
     ax.set_xlabel(f"time ({unit})" if unit else "time (units of one stage's forward)")
     ax.set_title(title, fontsize=10)
