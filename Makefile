@@ -262,9 +262,11 @@ $(TEACHER_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/python -c "$$TEACHER_PINS" > $(VENV)/teacher-pins.txt
 	$(BIN)/python -m pip install --quiet --requirement $(VENV)/teacher-pins.txt
 	$(BIN)/python -m pip check
+	@# the teacher extra brings rfc3987-syntax back (jupyter-events): removed again, as `make setup` does (above)
+	$(BIN)/python -m pip uninstall --quiet --yes rfc3987-syntax 2>/dev/null || true
 	touch $(TEACHER_STAMP)
 
-hub: teacher  ## JupyterHub serving the course to USERS=N learners (learner1..N) on HUB_PORT; HUB_PASSWORD sets the password; HUB_ARGS="--hub-port P --proxy-api-port Q"
+hub: student  ## JupyterHub serving the student release to USERS=N learners, each in a sandbox (learner1..N) on HUB_PORT; HUB_PASSWORD sets the password; HUB_ARGS="--hub-port P --proxy-api-port Q"
 	$(BIN)/python -m utils.workshop.hub --users $(USERS) --port $(HUB_PORT) $(HUB_ARGS)
 
 test-hub: teacher  ## a real hub with 4 learners running 2-rank launches at once, the seats, the Slurm recipe (slow)

@@ -134,6 +134,14 @@ print("RESULT", json.dumps({"sums": [r[0] for r in results], "pids": [r[1] for r
                             "affinity": [r[2] for r in results], "threads": [r[3] for r in results],
                             "tmp": tempfile.gettempdir(), "kernel": os.getpid()}))
 """
+ROOT = Path(__file__).resolve().parents[1]
+PROBE = f"""
+import json, os, utils
+print("PROBE", json.dumps({{"utils": utils.__file__,
+                           "solutions": os.path.exists({str(ROOT / 'labs' / 'solutions')!r}),
+                           "keys": os.path.exists({str(ROOT / 'labs' / 'solutions' / 'keys')!r}),
+                           "checkout_utils": os.path.exists({str(ROOT / 'utils' / 'workshop')!r})}}))
+"""
 MAGIC = """%%ranks 2 --return total
 t = torch.tensor([float(rank)], device=device)
 dist.all_reduce(t)
@@ -180,10 +188,13 @@ def _learner_runs(hub, name):
         magic_out, magic_error = _execute(ws, MAGIC)
         assert magic_error is None, f"{name}: {magic_error}"
         total_out, _ = _execute(ws, "print('TOTAL', total)")
+        probe_out, probe_error = _execute(ws, PROBE)
+        assert probe_error is None, f"{name}: {probe_error}"
     finally:
         ws.close()
     result = json.loads(out.split("RESULT ", 1)[1])
-    return dict(result, launch_line=out.split("RESULT", 1)[0], magic=magic_out, total=total_out.strip())
+    return dict(result, launch_line=out.split("RESULT", 1)[0], magic=magic_out, total=total_out.strip(),
+                probe=json.loads(probe_out.split("PROBE ", 1)[1]))
 
 
 @pytest.mark.slow
@@ -191,11 +202,15 @@ def test_four_learners_run_ranks_at_once_through_the_hub(tmp_path):
     pytest.importorskip("jupyterhub", reason="the teacher extra: `make test-hub` installs JupyterHub")
     pytest.importorskip("websocket", reason="websocket-client (a jupyter_server dependency)")
     from utils.workshop.hub import write_config
+    from utils.workshop.sandbox import available
+    from utils.workshop.student import build_release
 
     port, hub_port, proxy_api_port = _free_ports(3)
     state = tmp_path / "hub"
+    release = build_release(tmp_path / "student", engine="builtin")["release"]
+    boxed = available() is None  # each learner's server in the sandbox where bubblewrap runs
     config = write_config(state, users=LEARNERS, port=port, ip="127.0.0.1", hub_port=hub_port,
-                          proxy_api_port=proxy_api_port)
+                          proxy_api_port=proxy_api_port, course=str(release), sandboxed=boxed)
     token, proxy_token = uuid.uuid4().hex, uuid.uuid4().hex
     env = dict(os.environ, COURSE_HUB_API_TOKEN=token, CONFIGPROXY_AUTH_TOKEN=proxy_token)
     env.pop("HUB_PASSWORD", None)  # the dummy authenticator: nobody logs in, the service token drives it
@@ -252,9 +267,18 @@ def test_four_learners_run_ranks_at_once_through_the_hub(tmp_path):
         assert run["threads"] == [max(1, len(seats[name].cores) // 2)] * 2
         assert run["tmp"] == str(state / "home" / name / ".tmp"), "each learner has their own temporary folder"
         assert "TOTAL [1.0, 1.0]" in run["total"], run["magic"] + run["total"]
+        # the student release, not the teacher's checkout: its utils, and (in the sandbox) no solution by its path
+        assert run["probe"]["utils"].startswith(str(release)), run["probe"]
+        if boxed:
+            assert not (run["probe"]["solutions"] or run["probe"]["keys"] or run["probe"]["checkout_utils"]), run
+    notebook = json.loads((state / "home" / LEARNERS[0] / "labs" / "03_zero_lab.ipynb").read_text())
+    assert "teaching" not in notebook["metadata"].get("course", {}), "a learner's copy holds the teacher's notes"
     # no clash: distinct rank processes, kernels, temp folders and server ports
     pids = [p for run in runs.values() for p in run["pids"]]
-    assert len(set(pids)) == 8 and len({run["kernel"] for run in runs.values()}) == 4
+    if boxed:  # each server has its own process namespace: the numbers repeat between learners, not within one
+        assert all(len(set(run["pids"]) | {run["kernel"]}) == 3 for run in runs.values()), runs
+    else:
+        assert len(set(pids)) == 8 and len({run["kernel"] for run in runs.values()}) == 4
     assert len({run["tmp"] for run in runs.values()}) == 4
     targets = {route: info["target"] for route, info in routes.items() if route.startswith("/user/")}
     assert len(targets) == 4 and len(set(targets.values())) == 4, targets

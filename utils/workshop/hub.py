@@ -10,6 +10,12 @@ What runs (all from the course's .venv, with the ``teacher`` extra that ``make h
   of this machine's user, in its own home folder (``build/hub/home/<name>``) holding its own copy of
   the notebooks and labs, with its own temporary folder, its CPU slice pinned and its GPUs dealt
   (``seats.py``);
+- **the student release, not the teacher's checkout** (``make student``'s ``build/student/release``): the
+  learners' copies of the notebooks and labs come from it and their kernels import its ``utils``; each server
+  runs in the sandbox of ``sandbox.py`` (bubblewrap), which sees the release and the Python environment
+  read-only, its own home read-write and nothing else of the machine's course folder: no ``labs/solutions``,
+  instructor keys, teacher's notes, gradebook or other learner. Where bubblewrap cannot run, the hub refuses to
+  start unless told ``--no-sandbox`` (then a learner's code can read the checkout by its path);
 - JupyterHub's **shared-password authenticator**: the listed learners, one password for all of them
   (``HUB_PASSWORD``, 8 characters or more). Fine for a room on a private network for a day; on a machine
   others can reach, use a real one (PAM, OAuth). Without a password (the test) it is the **dummy**
@@ -30,12 +36,13 @@ import sys
 from pathlib import Path
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner
-from traitlets import Dict
+from traitlets import Bool, Dict, Unicode
 
 from .seats import Seat, deal_seats
 
 ROOT = Path(__file__).resolve().parents[2]  # the course: holds utils/, notebooks/, labs/
 BIN = Path(sys.executable).parent  # .venv/bin: jupyterhub-singleuser and configurable-http-proxy
+RELEASE = ROOT / "build" / "student" / "release"  # make student: the course without answers, keys or notes
 COURSE_FOLDERS = ("notebooks", "labs", "data")  # copied into each learner's home
 NOT_FOR_LEARNERS = ("solutions", "__pycache__", ".ipynb_checkpoints")
 API_TOKEN_VARIABLE = "COURSE_HUB_API_TOKEN"  # a token for a service with admin rights (the test uses it)
@@ -45,6 +52,8 @@ class CourseSpawner(SimpleLocalProcessSpawner):
     """JupyterHub's simple local spawner, plus the learner's seat: CPU affinity, GPUs, a temp folder."""
 
     seats = Dict(config=True, help="learner name -> Seat fields (seats.deal_seats), set by configure()")
+    course = Unicode(str(RELEASE), config=True, help="the course the learners get: the student release")
+    sandboxed = Bool(True, config=True, help="run each learner's server in utils.workshop.sandbox")
 
     def seat(self) -> Seat:
         return Seat(**self.seats[self.user.name])
@@ -68,26 +77,37 @@ class CourseSpawner(SimpleLocalProcessSpawner):
         env["TMPDIR"] = str(home / ".tmp")  # run_ranks' rendezvous folders: each learner's own
         env["JUPYTER_PATH"] = str(BIN.parent / "share" / "jupyter")  # the course's kernel first, as `make lab` does
         env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', os.defpath)}"
+        env["PYTHONPATH"] = self.course  # the release's utils, ahead of the checkout's editable install
         return env
 
     async def start(self):
-        copy_course(Path(self.home_dir))
+        home = Path(self.home_dir)
+        copy_course(home, Path(self.course))
+        if self.sandboxed:
+            from .sandbox import sandboxed
+
+            self.cmd = sandboxed([str(BIN / "jupyterhub-singleuser")], home, readable=[self.course], net=True,
+                                 devices=sorted(Path("/dev").glob("nvidia*")))
         return await super().start()
 
 
-def copy_course(home: Path):
-    """The learner's own copy of the course (without the labs' solutions), made once: a restart keeps
-    their edits. ``utils`` is not copied: the kernel imports the installed one."""
+def copy_course(home: Path, course: Path = RELEASE):
+    """The learner's own copy of the course (``course``: the student release), made once: a restart keeps
+    their edits. ``utils`` is not copied: the kernel imports the release's."""
     home.mkdir(parents=True, exist_ok=True)
     (home / ".tmp").mkdir(exist_ok=True)
     for folder in COURSE_FOLDERS:
-        if (ROOT / folder).is_dir() and not (home / folder).exists():
-            shutil.copytree(ROOT / folder, home / folder, ignore=shutil.ignore_patterns(*NOT_FOR_LEARNERS))
+        if (course / folder).is_dir() and not (home / folder).exists():
+            shutil.copytree(course / folder, home / folder, ignore=shutil.ignore_patterns(*NOT_FOR_LEARNERS))
 
 
 def configure(c, users, state_dir, port=8000, ip="127.0.0.1", hub_port=8081, proxy_api_port=8001,
-              password=None, api_token=None, cores=None, gpus=None):
-    """Fill JupyterHub's config object ``c`` (what ``jupyterhub_config.py`` receives) for a workshop."""
+              password=None, api_token=None, cores=None, gpus=None, course=str(RELEASE), sandboxed=True):
+    """Fill JupyterHub's config object ``c`` (what ``jupyterhub_config.py`` receives) for a workshop: the learners
+    get ``course`` (the student release), each server in the sandbox unless ``sandboxed`` is False."""
+    if not (Path(course) / "utils").is_dir() or (Path(course) / "labs" / "solutions").exists():
+        raise ValueError(f"{course} is not a student release (no utils/, or labs/solutions/ in it): run "
+                         "`make student` and serve build/student/release")
     state = Path(state_dir).resolve()
     state.mkdir(parents=True, exist_ok=True)
     seats = deal_seats(users, cores, gpus)
@@ -110,6 +130,7 @@ def configure(c, users, state_dir, port=8000, ip="127.0.0.1", hub_port=8081, pro
     c.Authenticator.allowed_users = set(users)
     c.JupyterHub.spawner_class = CourseSpawner
     c.CourseSpawner.seats = {s.learner: vars(s) for s in seats}
+    c.CourseSpawner.course, c.CourseSpawner.sandboxed = str(Path(course).resolve()), sandboxed
     c.CourseSpawner.home_dir_template = str(state / "home" / "{username}")
     c.Spawner.cmd = [str(BIN / "jupyterhub-singleuser")]
     c.Spawner.args = ["--allow-root"] if hasattr(os, "getuid") and os.getuid() == 0 else []
@@ -142,13 +163,22 @@ def main(argv=None):
     parser.add_argument("--hub-port", type=int, default=8081, help="the hub's own port (on 127.0.0.1)")
     parser.add_argument("--proxy-api-port", type=int, default=8001, help="the proxy's API port (on 127.0.0.1)")
     parser.add_argument("--state-dir", default=str(ROOT / "build" / "hub"), help="config, database, homes")
+    parser.add_argument("--course", default=str(RELEASE), help="the student release to serve (make student)")
+    parser.add_argument("--no-sandbox", action="store_true", help="run the learners' servers without the sandbox "
+                        "(a machine without bubblewrap): their code can then read the checkout, solutions included")
     args = parser.parse_args(argv)
+    from .sandbox import available
+
+    why = None if args.no_sandbox else available()
+    if why:
+        parser.error(f"the learners' sandbox cannot run here: {why}. Or pass --no-sandbox (HUB_ARGS=--no-sandbox), "
+                     "knowing that a learner's code can then read labs/solutions by its path.")
     users = [f"learner{i}" for i in range(1, args.users + 1)]
     os.environ.setdefault("HUB_PASSWORD", secrets.token_urlsafe(9))
     if len(os.environ["HUB_PASSWORD"]) < 8:
         parser.error(f"HUB_PASSWORD has {len(os.environ['HUB_PASSWORD'])} characters: choose 8 or more")
     config = write_config(args.state_dir, users=users, port=args.port, ip=args.ip, hub_port=args.hub_port,
-                          proxy_api_port=args.proxy_api_port)
+                          proxy_api_port=args.proxy_api_port, course=args.course, sandboxed=not args.no_sandbox)
     for seat in deal_seats(users):
         print(f"[hub] {seat.describe()}")
     host = "localhost" if args.ip in ("127.0.0.1", "localhost") else "<this machine's address>"

@@ -67,12 +67,13 @@ def _system_binds():
     return binds
 
 
-def sandboxed(argv, work, readable=(), hidden=(), memory=None, cpu=None, net=False):
+def sandboxed(argv, work, readable=(), hidden=(), memory=None, cpu=None, net=False, devices=()):
     """The command line that runs ``argv`` in the sandbox (see the module docstring). ``work``: the program's own
     folder (read-write, its working directory); ``readable``: folders it may read (the course; the Python of
     ``sys.base_prefix`` and ``sys.prefix`` are added); ``hidden``: folders and files inside those it must not see;
     ``memory``: bytes of address space per process; ``cpu``: seconds of CPU time per process; ``net``: keep the
-    host's network (default: loopback only)."""
+    host's network (default: loopback only); ``devices``: device files to pass through (a GPU's ``/dev/nvidia*``;
+    with them ``/sys`` is bound read-only, where the driver's libraries look the GPUs up)."""
     work = str(Path(work).resolve())
     os.makedirs(work, exist_ok=True)
     binds = _system_binds()
@@ -99,6 +100,8 @@ def sandboxed(argv, work, readable=(), hidden=(), memory=None, cpu=None, net=Fal
         os.makedirs(private[name], exist_ok=True)
     command = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                "--unshare-cgroup-try", *([] if net else ["--unshare-net"]), "--proc", "/proc", "--dev", "/dev",
+               *[a for d in devices for a in ("--dev-bind-try", str(d), str(d))],
+               *(["--ro-bind-try", "/sys", "/sys"] if devices else []),
                "--bind", private["shm"], "/dev/shm", "--bind", private["tmp"], "/tmp", *binds, "--bind", work, work,
                "--chdir", work, *argv]
     # CPU: SIGXCPU at the soft limit (the grader names it), SIGKILL 5 s of CPU later if it is caught
