@@ -17,11 +17,14 @@ GIB = 2**30
 def test_the_cpu_path_runs_for_real(capsys):
     code = pf.main(["--learners", "1"])
     out = capsys.readouterr().out
-    for name in ("python", "torch", "gloo", "ports", "rank server", "2-rank all-reduce", "cores", "memory", "disk"):
+    for name in ("system", "python", "torch", "gloo", "ports", "rank server", "2-rank all-reduce", "cores", "memory",
+                 "disk"):
         assert re.search(rf"^\[(ok  |WARN|FAIL)\] {name}: ", out, re.M), f"no {name} line in:\n{out}"
     assert "[ok  ] rank server: started and forked a rank" in out, out
     assert "[ok  ] 2-rank all-reduce: 0 + 1 = [1.0, 1.0]" in out, out
     assert re.search(r"^\[preflight\] (READY|NOT READY)", out, re.M)
+    assert "send these lines to your teacher" in out.lower(), "a learner's own check says what to do with it"
+    assert "8000" not in out.split("ports: ", 1)[1].split("\n")[0], "a learner's machine runs no hub: its ports not asked"
     assert code == (1 if "[FAIL]" in out else 0), "the exit status says whether anything failed"
     assert all("fix: " in block for block in out.split("\n[")[1:] if block.startswith(("WARN", "FAIL"))), \
         "every warning and failure says how to fix it"
@@ -217,6 +220,25 @@ def test_one_gpu_means_no_pairs(monkeypatch):
     checks = {c.name: c for c in pf.run_preflight(learners=2)}
     assert "GPU 0" in checks and not any(name.startswith("NCCL") for name in checks)
     assert checks["GPU seats"].status == "warn" and "share GPUs" in checks["GPU seats"].fix
+
+
+@pytest.mark.parametrize("system, release, root, status, words", [
+    ("linux", "6.1.0-18-amd64", "/home/ann/course", "ok", "linux"),
+    ("linux", "5.15.153.1-microsoft-standard-WSL2", "/home/ann/course", "ok", "WSL 2"),
+    ("linux", "5.15.153.1-microsoft-standard-WSL2", "/mnt/c/Users/ann/course", "warn", "cd ~"),
+    ("darwin", "23.4.0", "/Users/ann/course", "warn", "not tested"),
+    ("win32", "10", "C:/course", "fail", "wsl --install"),
+])
+def test_each_system_gets_its_words(system, release, root, status, words):
+    check = pf.check_system(system, release, root)
+    assert check.status == status and words in check.detail + check.fix, check
+
+
+def test_a_learners_verdict_says_what_to_do():
+    ok, fail = pf.Check("a", "ok", ""), pf.Check("c", "fail", "", "y")
+    assert pf.verdict([ok], learners=1).endswith("send these lines to your teacher.")
+    assert "follow the workshop on its hub" in pf.verdict([ok, fail], learners=1)
+    assert "teacher" not in pf.verdict([ok, fail], learners=20), "a teacher's verdict is the teacher's"
 
 
 def test_verdicts():

@@ -68,6 +68,29 @@ class Check:
         return f"[{mark}] {self.name}: {self.detail}" + (f"\n       fix: {self.fix}" if self.fix else "")
 
 
+LEARNER_PORTS = {8888: "make lab", 29500: "torchrun's default (lesson 10)"}  # a learner's own machine runs no hub
+
+
+def check_system(system=None, release=None, root=ROOT) -> Check:
+    """The operating system: Linux is what the course is tested on; WSL 2 is Linux (but slow on /mnt/c); macOS is
+    untested; Windows itself cannot run the ranks' fork server (no fork)."""
+    system = system or sys.platform
+    release = platform.release() if release is None else release
+    if system.startswith("win"):
+        return Check("system", "fail", "Windows itself: the course's launcher forks its ranks, which Windows cannot",
+                     "install WSL 2 (`wsl --install` in PowerShell gives Ubuntu), clone the course in your WSL home "
+                     "and run the same commands there; or follow the workshop on its hub")
+    if system == "darwin":
+        return Check("system", "warn", f"macOS {platform.mac_ver()[0] or release}: the course is not tested there",
+                     "if a lesson fails, tell your teacher and follow the workshop on its hub")
+    if "microsoft" in release.lower():
+        if str(root).startswith("/mnt/"):
+            return Check("system", "warn", f"WSL 2, the course in {root}: the Windows file system, much slower",
+                         "clone the course again in your WSL home (cd ~) and run the commands there")
+        return Check("system", "ok", f"WSL 2 ({release}), the course in the Linux file system")
+    return Check("system", "ok", f"{system} {release}")
+
+
 def check_python(version=None) -> Check:
     version = version or sys.version_info[:3]
     text = ".".join(map(str, version))
@@ -342,7 +365,8 @@ def check_sandbox(why=None) -> Check:
 
 def run_preflight(learners=1, schedule="all") -> list[Check]:
     """Every check, in order; GPU checks only where there are GPUs."""
-    checks = [check_python(), check_torch(), check_gloo(), check_ports()]
+    checks = [check_system(), check_python(), check_torch(), check_gloo(),
+              check_ports(PORTS if learners > 1 else LEARNER_PORTS)]
     server, server_rss = check_rank_server()
     checks += [server, check_all_reduce(), check_cores(learners)]
     idle = measure_idle_kernel() if server_rss else None
@@ -366,15 +390,21 @@ def run_preflight(learners=1, schedule="all") -> list[Check]:
     return checks
 
 
-def verdict(checks) -> str:
+def verdict(checks, learners=None) -> str:
+    """The last line. ``learners=1``: a learner checking their own machine, told in their words what to do."""
     fails = [c for c in checks if c.status == "fail"]
     warns = [c for c in checks if c.status == "warn"]
+    alone = learners == 1
     if fails:
         return (f"NOT READY: {len(fails)} failure(s) ({', '.join(c.name for c in fails)}), {len(warns)} warning(s). "
-                "Fix the failures above (each says how), then run make preflight again.")
+                "Fix the failures above (each says how), then run make preflight again." + (
+                    " If you cannot, send these lines to your teacher: you can follow the workshop on its hub, "
+                    "in the browser, with nothing installed." if alone else ""))
     if warns:
-        return f"READY, with {len(warns)} warning(s) ({', '.join(c.name for c in warns)}): the course runs; read each fix."
-    return "READY: every check passed."
+        return (f"READY, with {len(warns)} warning(s) ({', '.join(c.name for c in warns)}): the course runs; read "
+                "each fix." + (" Send these lines to your teacher." if alone else ""))
+    return "READY: every check passed." + (" Your machine runs the course; send these lines to your teacher."
+                                           if alone else "")
 
 
 def main(argv=None) -> int:
@@ -390,7 +420,7 @@ def main(argv=None) -> int:
     checks = run_preflight(args.learners, args.schedule)
     for check in checks:
         print(check.line(), flush=True)
-    print(f"[preflight] {verdict(checks)} ({time.perf_counter() - start:.1f} s)")
+    print(f"[preflight] {verdict(checks, args.learners)} ({time.perf_counter() - start:.1f} s)")
     return 1 if any(c.status == "fail" for c in checks) else 0
 
 
