@@ -495,3 +495,37 @@ def test_a_hang_names_the_answers_line_and_a_rank_waiting_outside_it():
     rank_1 = next(line for line in what if line.startswith("rank 1: "))
     assert rank_1.startswith("rank 1: outside your code, waiting in torch's "), rejected.what
     assert "File" not in rank_1 and "utils/" not in rank_1, rank_1
+
+
+def doubling_start_past_the_block(tensor, ranks):
+    """The all-gather with its block's start written v + v % d (make mutants, lab 01b #16): the ranks send and receive
+    different blocks, some finish while their partners still wait."""
+    p, v = len(ranks), list(ranks).index(dist.get_rank())
+    flat = tensor.view(-1)
+    bounds = chunk_bounds(flat.numel(), p)
+    d = 1
+    while d < p:
+        a = v + v % d  # planted: v - v % d
+        b = a ^ d
+        mine, theirs = flat[bounds[a]:bounds[a + d]], flat[bounds[b]:bounds[b + d]]
+        sendrecv(mine, ranks[v ^ d], theirs, ranks[v ^ d])
+        d *= 2
+
+
+def test_ranks_that_leave_their_partners_waiting_are_named_unpaired():
+    """Once an unnamed crash: every failed rank's report was the echo of its partner leaving ("connection closed"),
+    the partner had returned normally."""
+    rejected = expect_rejection(check_doubling_all_gather, doubling_start_past_the_block, world_sizes=(4,),
+                                timeout=30, mistake="unpaired", phrase="did not pair up")
+    assert "finished while ranks" in rejected.what, rejected.what
+
+
+def test_unpaired_is_said_only_when_every_failure_is_an_echo():
+    from utils.checkers.common import unpaired_message
+    from utils.launch.errors import RankError
+
+    echo = dict(type="RuntimeError", message="Connection closed by peer", secondary=True)
+    assert "ranks [1, 3] finished while ranks [0, 2]" in unpaired_message(RankError("", 0, {0: echo, 2: echo}, [1, 3]))
+    own = dict(type="IndexError", message="list index out of range", secondary=False)
+    assert unpaired_message(RankError("", 0, {0: echo, 2: own}, [1, 3])) is None  # a real error: a crash, shown
+    assert unpaired_message(RankError("", 0, {0: echo}, [])) is None  # nobody finished: not this

@@ -73,6 +73,8 @@ def launch_answer(fn, args, world_size, timeout, name, hang_hint):
     except RankError as err:
         if aborted := aborted_message(err):
             raise LabCheckFailed("size_mismatch", aborted, SIZE_MISMATCH_HINT, world_size) from None
+        if unpaired := unpaired_message(err):
+            raise LabCheckFailed("unpaired", unpaired, UNPAIRED_HINT, world_size) from None
         raise LabCheckFailed("crash", crashed(err), f"{name} must run on every rank without error; the lines "
                              "above are where it stopped in your code.", world_size) from None
 
@@ -120,6 +122,24 @@ def aborted_message(err):
                       "this way when a message does not fit the tensor it is received into (a receive smaller than "
                       "what was sent, or a collective whose tensors differ in size between ranks)"]
                      + (mine or ["outside your code"]))
+
+
+UNPAIRED_HINT = ("every message needs its partner's matching call, in the same order on both sides: list, for one "
+                 "rank and its partner at each step, what each sends and receives and how many times; a rank that "
+                 "sends once more, or to another rank, than its partner expects leaves one side waiting.")
+
+
+def unpaired_message(err):
+    """What to tell a learner when some ranks returned while the others failed only because their peers had gone
+    (every report a secondary "connection closed"): the answer's messages did not pair up, so the ranks left it at
+    different points; or None for another crash. (Found by make mutants: lab 01b's all-gather with a wrong chunk
+    start, once an unnamed crash.)"""
+    if not err.finished or not err.reports or not all(r.get("secondary") for r in err.reports.values()):
+        return None
+    waiting = sorted(err.reports)
+    return (f"ranks {list(err.finished)} finished while ranks {waiting} were still in a call that needed them "
+            "(their connection closed when those ranks ended): the sends and receives of your answer did not pair "
+            "up, so the ranks left it at different points")
 
 
 def stuck_at(stack):

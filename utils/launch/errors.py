@@ -15,12 +15,14 @@ import signal
 
 
 class RankError(RuntimeError):
-    """A rank raised or died. ``.rank`` is the first rank that failed, ``.reports`` all of them."""
+    """A rank raised or died. ``.rank`` is the first rank that failed, ``.reports`` all of them, ``.finished`` the
+    ranks that returned normally."""
 
-    def __init__(self, message, rank, reports):
+    def __init__(self, message, rank, reports, finished=()):
         super().__init__(message)
         self.rank = rank
         self.reports = reports
+        self.finished = tuple(finished)
 
 
 class RankTimeoutError(TimeoutError):
@@ -85,7 +87,7 @@ def failure_error(ranks):
         else:
             what = f"stopped by the launcher after rank {first} failed"
         lines.append(f"rank {r.rank}: {what}")
-    return RankError("\n".join(lines), first, reports)
+    return RankError("\n".join(lines), first, reports, [r.rank for r in ranks if r.returned])
 
 
 def _first_line(text, width=160):
