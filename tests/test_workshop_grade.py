@@ -321,6 +321,9 @@ def test_bad_submissions_are_verdicts_and_touch_nothing_outside(tmp_path):
     assert "no_divisibility_check" in paths[1].read_text()
     print(json.dumps({learner: [v.label, v.seconds] for learner, v in by_learner.items()}, indent=1))
     print(f"grading the answers that end took {ended:.1f} s; the bound from their times: {bound:.1f} s")
+    ref = by_learner["reference"]  # issue 37: the overhead of isolating an answer, reported
+    assert 0 < ref.checking < ref.seconds, ref
+    print(grader.overhead_line(verdicts))
 
 
 def test_without_the_sandbox_the_grader_refuses_unless_told(tmp_path, monkeypatch):

@@ -43,6 +43,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -106,6 +107,7 @@ class Verdict:
     hint: str = ""
     seconds: float = 0.0
     output: str = ""
+    checking: float = 0.0  # of ``seconds``, the check itself (reading the notebook, the checker, its ranks)
 
     @property
     def label(self):
@@ -266,8 +268,10 @@ def _one(argv):
 
     notebook, lab, index, result, world_size, *smoke = argv
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
+    start = time.perf_counter()
     fields = grade_one(Path(notebook), lab, int(index), int(world_size), smoke == ["--smoke"])
     fields["message"] = fields["message"][:MESSAGE_LIMIT]
+    fields["checking"] = round(time.perf_counter() - start, 2)  # informational (the answer could write it)
     Path(result).write_text(json.dumps(fields))
     sys.stdout.flush()
     sys.stderr.flush()
@@ -350,7 +354,21 @@ def grade(answers, world_size=None, smoke=False, workers=None, timeout=None, log
 
     log(f"grading {len(jobs)} answers ({len(answers)} notebooks) on {workers} worker(s)")
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(one, jobs))
+        verdicts = list(pool.map(one, jobs))
+    log(overhead_line(verdicts))
+    return verdicts
+
+
+def overhead_line(verdicts):
+    """Per answer, the median of its wall time, of its check, and of the rest: the overhead of isolating it (a fresh
+    interpreter, its imports, the sandbox, the folder made and removed), what warm workers would save."""
+    timed = [v for v in verdicts if v.checking]
+    if not timed:
+        return "per answer: no check finished, no overhead to report"
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    return (f"per answer (median of {len(timed)}): {med([v.seconds for v in timed]):.1f} s, of which the check "
+            f"{med([v.checking for v in timed]):.1f} s and the overhead (interpreter, imports, sandbox) "
+            f"{med([v.seconds - v.checking for v in timed]):.1f} s")
 
 
 def main(argv=None):
