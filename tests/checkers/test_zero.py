@@ -82,10 +82,10 @@ def test_make_buckets_rejects(wrong, mistake, phrase):
     expect_rejection(check_make_buckets, wrong, mistake=mistake, phrase=phrase)
 
 
-def _buckets_rule(sizes, cap, closes_at_cap=False, start=0):
+def _buckets_rule(sizes, cap, closes_at_cap=False, start=0, first=None):
     """DeepSpeed's rule on parameter sizes, as indices, with the off-by-ones make mutants wrote: a bucket closed
-    when it would reach the cap (``>=``), a count started at ``start``."""
-    out, current, size = [], [], start
+    when it would reach the cap (``>=``), a count started at ``start`` (the first bucket's at ``first``)."""
+    out, current, size = [], [], start if first is None else first
     for i in reversed(range(len(sizes))):
         if current and (size + sizes[i] >= cap if closes_at_cap else size + sizes[i] > cap):
             out.append(current)
@@ -96,9 +96,10 @@ def _buckets_rule(sizes, cap, closes_at_cap=False, start=0):
 
 
 OFF_BY_ONE = {"closed at the cap": dict(closes_at_cap=True), "counted from 1": dict(start=1),
-              "counted from -1": dict(start=-1)}
+              "counted from -1": dict(start=-1), "first counted from -1": dict(first=-1)}
 OFF_BY_ONE_MISTAKE = {"closed at the cap": "bucket_size", "counted from 1": "bucket_size",  # closed too early
-                      "counted from -1": "bucket_overflow"}  # one number past the cap let in
+                      "counted from -1": "bucket_overflow",  # one number past the cap let in
+                      "first counted from -1": "bucket_overflow"}  # lab 03 #18: equivalent until one_short_first
 
 
 def _planted_off_by_one(how):
@@ -120,13 +121,15 @@ def test_make_buckets_cases_sit_on_the_boundaries():
             buckets = _buckets_rule(sizes, cap)
             made = [sum(sizes[i] for i in b) for b in buckets]
             first, later = made[0], made[1:-1]
-            assert {"fills_exactly_first": first == cap and len(buckets[0]) > 1,
-                    "fills_exactly_later": cap in later and first != cap,
-                    "one_short_later": any(made[k] + sizes[buckets[k + 1][0]] == cap + 1  # the next one is 1 over
-                                           for k in range(1, len(buckets) - 1)),
-                    "inside_a_tensor": cap not in made and len(made) > 1,
-                    "one_for_all": len(made) == 1,
-                    "one_per_tensor": len(made) == len(sizes)}[kind], (sizes, cap, kind, made)
+            holds = {"fills_exactly_first": lambda: first == cap and len(buckets[0]) > 1,
+                     "one_short_first": lambda: made[0] + sizes[buckets[1][0]] == cap + 1,
+                     "fills_exactly_later": lambda: cap in later and first != cap,
+                     "one_short_later": lambda: any(made[k] + sizes[buckets[k + 1][0]] == cap + 1  # the next: 1 over
+                                                    for k in range(1, len(buckets) - 1)),
+                     "inside_a_tensor": lambda: cap not in made and len(made) > 1,
+                     "one_for_all": lambda: len(made) == 1,
+                     "one_per_tensor": lambda: len(made) == len(sizes)}[kind]
+            assert holds(), (sizes, cap, kind, made)
         for how, knobs in OFF_BY_ONE.items():
             assert any(_buckets_rule(sizes, cap, **knobs) != _buckets_rule(sizes, cap) for cap, _ in caps), \
                 f"no case of {sizes} tells the rule from a bucket {how}"

@@ -73,9 +73,10 @@ def bucket_indices(make_buckets, params, bucket_numel):
 # The bucket_numel values tried, with the boundary each one is at under DeepSpeed's rule (a bucket closes before the
 # parameter that would take it past bucket_numel). Written as numbers, not computed: computing them would be the rule,
 # the answer to this task. tests/checkers/test_zero.py recomputes them with the rule and its off-by-ones (a bucket
-# closed at ``>=``, a count started at +1 or -1): each off-by-one changes the buckets at one of the boundary cases.
+# closed at ``>=``, a count started at +1 or -1, the first bucket's alone): each changes the buckets at one of them.
 TOY_CAPS = (  # ToyNet's trainable parameters, last first: 10, 640, 64, 64, 4096, 64, 4096 numbers (9,034)
     (650, "fills_exactly_first"),    # 10 + 640
+    (713, "one_short_first"),        # 10 + 640, which the next 64 would pass by one number
     (4160, "fills_exactly_later"),   # 4096 + 64, after 10 + 640 + 64 + 64
     (4159, "one_short_later"),       # a later bucket of 4096 that the next 64 would pass by one number
     (1000, "inside_a_tensor"),       # a cap that ends inside the next parameter
@@ -83,7 +84,7 @@ TOY_CAPS = (  # ToyNet's trainable parameters, last first: 10, 640, 64, 64, 4096
     (1, "one_per_tensor"),
 )
 SMALL = (3, 7, 2, 9, 1, 4)
-SMALL_CAPS = ((5, "fills_exactly_first"), (9, "fills_exactly_later"), (10, "one_short_later"),
+SMALL_CAPS = ((5, "fills_exactly_first"), (4, "one_short_first"), (9, "fills_exactly_later"), (10, "one_short_later"),
               (100, "one_for_all"), (1, "one_per_tensor"))
 
 
