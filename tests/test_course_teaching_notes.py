@@ -39,8 +39,6 @@ NOT_YET = {
     '15_expert_parallelism',
     '01a_halving_reduce_scatter_lab',
     '01b_doubling_all_gather_lab',
-    '02_ddp_lab',
-    '03_zero_lab',
     '05_tensor_parallel_lab',
     '06_pipeline_lab',
     '09_plan_3d_lab',
