@@ -37,7 +37,6 @@ NOT_YET = {
     '13b_frameworks_workers_horovod',
     '14_context_parallelism',
     '15_expert_parallelism',
-    '05_tensor_parallel_lab',
     '06_pipeline_lab',
     '09_plan_3d_lab',
     '11a_collective_hangs_lab',
