@@ -31,11 +31,6 @@ NOT_YET = {
     '10_torchrun_and_slurm',
     '11a_failures_and_resume',
     '11b_hangs_and_profiles',
-    '06_pipeline_lab',
-    '09_plan_3d_lab',
-    '11a_collective_hangs_lab',
-    '11b_send_and_ddp_hangs_lab',
-    '14_ring_attention_lab',
 }
 
 

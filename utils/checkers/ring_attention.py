@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from ..context_parallel import ring as ring_module
 from ..context_parallel.ring import chunk_ids, ring_attention, shard, unshard
+from ..launch import rank_device
 from .common import CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error, watched_call
 from .guard import Guard, Refused, code_key, module_functions
 from .harness import is_learners
@@ -241,14 +242,18 @@ def _ring(merge, causal_block, cases):
 def _ring_cases(merge, causal_block, cases, out, rank, n):
     for causal, layout in cases:
         q, k, v, dout = _case(7, n)
-        mine = [shard(t, rank, n, layout).clone().requires_grad_(i < 3) for i, t in enumerate((q, k, v, dout))]
+        device = rank_device()  # a GPU per rank where there are enough (NCCL carries CUDA tensors only), else CPU
+        mine = [shard(t, rank, n, layout).to(device).clone().requires_grad_(i < 3) for i, t in
+                enumerate((q, k, v, dout))]
         o = ring_attention(*mine[:3], causal=causal, layout=layout, merge_fn=merge, block_rule=causal_block)
         o.backward(mine[3])
-        out["results"].append([o.detach()] + [torch.zeros_like(t) if t.grad is None else t.grad for t in mine[:3]])
+        out["results"].append([t.cpu() for t in [o.detach()] + [torch.zeros_like(t) if t.grad is None else t.grad
+                                                                for t in mine[:3]]])
 
 
 def check_ring_attention(merge, causal_block, world_sizes=(2, 3, 4), timeout=60.0):
-    """Check ``merge`` and ``causal_block`` alone, then in the ring on each of ``world_sizes`` CPU ranks."""
+    """Check ``merge`` and ``causal_block`` alone, then in the ring on each of ``world_sizes`` ranks (gloo on CPU
+    ranks, or NCCL on a GPU each where the machine has enough)."""
     __tracebackhide__ = True
     lines = check_merge(merge) + check_causal_block(causal_block, sorted({2, 3, 4, *world_sizes}))
     cases = [(True, "contiguous"), (True, "zigzag"), (False, "contiguous")]
