@@ -26,11 +26,6 @@ NOT_YET = {
     '08c_lightning_accumulation_and_tp',
     '08d_fp8_numerics',
     '09a_3d_mesh',
-    '09b_3d_costs_and_planner',
-    '09c_activation_recompute',
-    '10_torchrun_and_slurm',
-    '11a_failures_and_resume',
-    '11b_hangs_and_profiles',
 }
 
 

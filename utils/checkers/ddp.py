@@ -108,8 +108,9 @@ class AllReduceLog:
 
     The calls are seen where every path to a process group meets (``utils.comm.process_group_calls.observe``), so
     ``dist.all_reduce``, an ``all_reduce`` imported by name before the check and ``distributed_c10d.all_reduce``
-    count alike. With ``hold=True`` (the check holds the first and the last step: a wait on a work kept from an
-    earlier step can only show in a later one) the first all-reduce issued during backward is *held*: the answer gets, instead
+    count alike. With ``hold=True`` (the check holds the first and the last step: an answer whose hook waits only
+    from its second step on, state kept across steps, shows in the last) the first all-reduce issued during backward
+    is *held*: the answer gets, instead
     of gloo's work, one made from a future (``_create_work_from_future``) that completes ``HOLD`` seconds after the
     real one, however the answer waits for it (``wait()``, ``get_future().wait()``, ``torch.futures.wait_all``,
     polling ``is_completed()``, a synchronous call, which waits on the work it gets). If it completes while
@@ -194,8 +195,8 @@ def _on_rank(ddp_class, x, y, batches, lr, seed, caps):
                 mine = idx.view(n, -1)[rank]  # this rank's equal share of the global batch
                 opt.zero_grad()
                 loss = F.cross_entropy(model(x[mine]), y[mine])
-                held = step in (0, len(batches) - 1)  # the first step, and the last: a wait on works kept from
-                with CommLedger() as ledger, AllReduceLog(hold=held) as log:  # an earlier step shows only later
+                held = step in (0, len(batches) - 1)  # the first step, and the last: a hook that waits only from
+                with CommLedger() as ledger, AllReduceLog(hold=held) as log:  # its second step on shows there
                     log.in_backward = True
                     loss.backward()  # the hooks should launch every bucket in here
                     log.in_backward = False

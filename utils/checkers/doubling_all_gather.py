@@ -64,7 +64,7 @@ def _check_case(n, label, numel, ranks, every=()):
 
 def _other_size(n, err):
     __tracebackhide__ = True
-    if err.mistake in ("wrong", "crash", "size_mismatch", "raised", "deadlock", "wrong_partner", "too_many_messages"):
+    if err.mistake in ("wrong", "crash", "size_mismatch", "unpaired", "raised", "deadlock", "wrong_partner", "too_many_messages"):
         raise LabCheckFailed("not_virtual", f"right on the powers of two, but not on {n} ranks (ranks "
                              f"{virtual_ranks(n)} take part):\n{err}", HINTS["not_virtual"], n) from None
 

@@ -90,7 +90,7 @@ def _check_case(n, label, numel, ranks, every=()):
 def _other_size(n, err):
     __tracebackhide__ = True
     # not wrong_partner: the fold's messages are in the plan, so a rank named there folded to the wrong rank
-    if err.mistake in ("wrong", "crash", "size_mismatch", "raised", "deadlock", "too_many_messages", "reduce_scatter_calls"):
+    if err.mistake in ("wrong", "crash", "size_mismatch", "unpaired", "raised", "deadlock", "too_many_messages", "reduce_scatter_calls"):
         raise LabCheckFailed("not_power_of_two", f"right on the powers of two, but not on {n} ranks:\n{err}",
                              HINTS["not_power_of_two"], n) from None
 

@@ -235,7 +235,9 @@ def check_choose_plan(choose_plan, cases=CASES):
 
 
 def _no_fit(choose_plan, case):
-    """The job no plan fits: choose_plan must raise ValueError (anything else is the mistake ``no_fit``)."""
+    """The job no plan fits: choose_plan must raise its own ValueError (one the planner raised is ``divisibility``),
+    whose message names a number (a heuristic: any digit passes; the lab asks for the cap and the numbers); anything
+    else is the mistake ``no_fit``."""
     __tracebackhide__ = True
     job, *args = case
     try:

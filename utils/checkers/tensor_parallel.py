@@ -50,7 +50,8 @@ TP_HINTS = {
                           "logit must be combined over the ranks with dist.all_reduce, or each rank computes a loss "
                           "over its own words only.",
     "backward_comm": "the gradient of each logit, softmax - one-hot, is made of numbers this rank already has after "
-                     "forward: backward needs no communication (and an all-reduce there multiplies it by t).",
+                     "forward: backward needs no communication (an all-reduce there adds the other ranks' blocks, which belong to "
+                     "other words, into yours).",
     "in_place": "do not change the logits you were given (logits -= max changes the caller's tensor, and "
                 "autograd's): compute shifted = logits - max, a new tensor.",
     "target_not_masked": "only the rank that holds the target word may contribute its logit: local = target - start, "

@@ -212,7 +212,8 @@ def run_stage(stage_module, ops, *, stage, stages, x_mbs=None, y_mbs=None, recv_
 
 def draw_gantt(ax, intervals, title="", unit="ms", show_comm=True, label_mb=True):
     """One row per rank (rank 0 on top): forwards blue (F), backwards green and hatched (B), weight gradients purple
-    and cross-hatched (W), recv waits yellow and dotted, sends grey; white is idle; a legend below names them.
+    and cross-hatched (W), recv waits yellow and dotted, sends grey; white is idle; a legend beside names them;
+    passes wide enough carry their letter and micro-batch (F3).
     ``intervals``: measured (seconds, shown in ``unit``) or simulated (``unit=None``)."""
     from matplotlib.patches import Patch  # here: the ranks import this module and draw nothing
 
@@ -235,10 +236,10 @@ def draw_gantt(ax, intervals, title="", unit="ms", show_comm=True, label_mb=True
             if width > span / 40:
                 text = f"{iv.kind}{iv.mb}" if iv.chunk == 0 else f"{iv.kind}{iv.mb}.{iv.chunk}"
                 ax.text(left + width / 2, y, text, ha="center", va="center", color="white", fontsize=7,
-                        bbox=dict(boxstyle="square,pad=0.05", facecolor=COLORS[iv.kind], linewidth=0))
+                        bbox=dict(boxstyle="square,pad=0.2", facecolor=COLORS[iv.kind], linewidth=0))
     kinds = [k for k in COLORS if any(iv.kind == k for iv in intervals) and (show_comm or k in ("F", "B", "W"))]
     ax.legend(handles=[Patch(facecolor=COLORS[k], hatch=HATCHES[k], edgecolor="white", label=NAMES[k]) for k in kinds],
-              loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=len(kinds), fontsize=7, frameon=False)
+              loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7, frameon=False)  # beside: clear of the labels
     ax.set_yticks(range(ranks), [f"rank {r}" for r in reversed(range(ranks))])
     ax.set_xlabel(f"time ({unit})" if unit else "time (units of one stage's forward)")
     ax.set_title(title, fontsize=10)

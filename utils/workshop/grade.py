@@ -83,7 +83,7 @@ MEMORY_PHRASES = ("MemoryError", "can't allocate memory", "Cannot allocate memor
 CPU_LIMIT = None  # seconds of CPU each process of an answer may use (prlimit --cpu); None: the answer's timeout, which
 # one thread reaches only as its wall-clock timeout ends: ``time`` is for an answer whose threads spin in parallel
 HIDDEN = ("labs/solutions", "build", ".git", "tests",  # folders and files of the course an answer's sandbox does not
-          "utils/course/mutation_scores.json")  # see: the planted wrong answers, and the mutants' verdicts
+          "utils/course/mutation_scores.json", "TEACHING.md")  # see: planted wrong answers, mutants' diffs, notes
 
 
 @dataclass(frozen=True)
@@ -323,7 +323,7 @@ def run_answer(answer, index, world_size, smoke=False, timeout=None, sandbox=Non
             if code == -signal.SIGXCPU:
                 verdict.verdict, verdict.hint = "time", (f"a process of your answer used {CPU_LIMIT or timeout:g} s "
                                                          "of CPU: look for a loop that never ends.")
-        if verdict.verdict in ("mistake", "error", "crash") and "SIGXCPU" in verdict.message + verdict.output:
+        if verdict.verdict in ("mistake", "error", "crash") and "killed by signal SIGXCPU" in verdict.message:
             verdict.verdict = "time"  # a rank of the answer's, killed at its CPU limit (utils.launch names the signal)
             verdict.hint = (f"a process of your answer used {CPU_LIMIT or timeout:g} s of CPU: look for a loop that "
                             "never ends.")

@@ -8,8 +8,10 @@ allow) under ``prlimit`` (util-linux). Inside, the program sees
 - not the folders and files in ``hidden`` (an empty read-only folder, or an empty file, in their place): the labs'
   solutions, ``build/`` (the gradebook, the release), ``.git``, and whatever the caller adds (the submissions, other
   learners);
-- ``work``, its own folder, read-write, and a private ``/tmp`` and ``/dev/shm`` (folders of ``work``, on disk: a
-  tmpfs would keep what is written there in memory that the memory limit does not count); a fresh ``/proc`` and
+- ``work``, its own folder, read-write, and a private ``/tmp`` and ``/dev/shm``: folders of ``work``, so they lie
+  where ``work`` does (the grader's temporary folder: on disk unless the host's is itself a tmpfs), not in a tmpfs
+  of bwrap's own, which would hold what is written there in memory that the memory limit does not count. Each file
+  written is capped by the caller (the grader: ``RLIMIT_FSIZE``), their number is not; a fresh ``/proc`` and
   ``/dev``;
 - no network but its own loopback (``--unshare-net``: gloo's ranks still talk over 127.0.0.1);
 - its own process namespace (``--unshare-pid``): when the program ends, every process it started ends with it,
