@@ -101,6 +101,18 @@ def test_navigation_follows_the_course_map(built):
     for path in NOTEBOOKS:
         assert f"{path.parent.name}/{path.stem}.html" in linked, f"{path.name} is missing from the navigation"
     assert "Teaching" in nav and "TEACHING" in nav, "the teacher's guide (TEACHING.md) is in the navigation"
+    assert 'href="notebooks/cheatsheet.html"' in nav, "the cheatsheet is in the navigation"
+
+
+def test_the_cheatsheet_is_a_page_with_its_math_and_its_lessons_linked(built):
+    out, _, _ = built
+    source = (ROOT / site.CHEATSHEET).read_text()
+    text = (out / "notebooks" / "cheatsheet.html").read_text()
+    _, maths, _ = page_facts(text)
+    formulas = len(re.findall(r"\$[^$\n]+\$", source))
+    assert maths >= formulas > 40, f"the cheatsheet's page has {maths} <math> elements for {formulas} formulas"
+    lessons = set(re.findall(r"\]\(([^)]+)\.ipynb\)", source))
+    assert lessons and lessons <= set(re.findall(r'href="([^"#/]+)\.html"', text)), "a lesson link is not a page link"
 
 
 def test_outputs_show_and_widgets_fall_back(built):

@@ -70,6 +70,13 @@ def test_every_lab_is_there_with_its_stubs_and_only_the_reference_lines_are_gone
             assert sum(marker in line for line in after) == sum(marker in line for line in before) > 0, (name, marker)
 
 
+def test_the_cheatsheet_is_there_as_it_is(built):
+    """notebooks/cheatsheet.md, the learners' page of formulas, travels with the lessons, unchanged."""
+    cheatsheet = "notebooks/cheatsheet.md"
+    assert (built["release"] / cheatsheet).read_text() == (ROOT / cheatsheet).read_text()
+    assert f"]({cheatsheet})" in (built["release"] / "README.md").read_text(), "the README's course map links it"
+
+
 def test_a_planted_leak_stops_the_build(tmp_path):
     (tmp_path / "labs").mkdir()
     (tmp_path / "labs" / "helper.py").write_text(f"from {SOLUTIONS}.zero import make_buckets\n")

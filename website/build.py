@@ -16,7 +16,8 @@ Which executed copy of a notebook becomes its page, first found wins:
    ``make site-executed`` runs ``make course`` first.
 
 Each page starts with a line saying which of these it shows. Navigation follows the course map (the table
-of README.md): each lesson, then its lab; a notebook the table does not name is listed after it. Widgets
+of README.md), after the home page and the cheatsheet (``notebooks/cheatsheet.md``, the formulas on one page):
+each lesson, then its lab; a notebook the table does not name is listed after it. Widgets
 need a live kernel, so a widget's output becomes a note saying so (the lessons draw or print the widget's
 default right after it); a progress bar keeps its text.
 
@@ -43,6 +44,10 @@ SOURCES = {"course": "executed with the lesson's full parameters (<code>make cou
            "ws2": "executed with the test suite's small parameters on 2 ranks",
            "stored": "<b>not executed</b>: no outputs (run <code>make site-executed</code>)",
            "saved": "the notebook as saved in this copy of the course, with the outputs it was saved with"}
+
+
+#: the learners' one page of formulas (Markdown, not a notebook): a page of its own, first after the home page
+CHEATSHEET = "notebooks/cheatsheet.md"
 
 
 def course_notebooks():
@@ -100,8 +105,9 @@ def course_map(readme: str):
 
 
 def nav(readme: str, pages: list[str]):
-    """MkDocs navigation: home, each lesson of the course map then its lab, then any page not in the map."""
-    entries, seen = [{"Course": "index.md"}], set()
+    """MkDocs navigation: home, the cheatsheet, each lesson of the course map then its lab, then any page not in the
+    map."""
+    entries, seen = [{"Course": "index.md"}, {"Cheatsheet": CHEATSHEET}], set()
     for title, links in course_map(readme):
         for link in links:
             if link in pages and link not in seen:
@@ -125,6 +131,7 @@ def stage(docs: Path, executed: Path | None, folders=None):
     shutil.copy(ROOT / "README.md", docs / "index.md")
     shutil.copy(ROOT / "labs" / "README.md", docs / "labs" / "README.md")
     shutil.copy(ROOT / "TEACHING.md", docs / "TEACHING.md")  # the teacher's guide (utils/course/teaching_guide.py)
+    shutil.copy(ROOT / CHEATSHEET, docs / CHEATSHEET)  # its links to the lessons' .ipynb become their pages
     shutil.copy(HERE / "site.css", docs / "site.css")
     for folder in ("notebooks/scripts", "utils", "labs/solutions"):  # source files the lessons link to
         shutil.copytree(ROOT / folder, docs / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
