@@ -26,140 +26,6 @@ from .notebook_runner import ROOT, course_metadata
 
 GUIDE = ROOT / "TEACHING.md"
 
-LEGACY_NOTES = {  # the old notes, for the notebooks whose metadata.course.teaching is not written yet
-    "00_start_here": ("the first `%%ranks` cell, then a rank that crashes and one that hangs: the notebook survives both",
-                      "the machine report and the exercises on `run_ranks`",
-                      "Why does a hung rank not hang my notebook? (the launcher's timeout and its report.) Why gloo and "
-                      "not NCCL here? (no GPU: the same cell picks NCCL on GPUs.)"),
-    "01a_point_to_point_and_collectives": ("the ring of blocking sends that deadlocks, then `sendrecv`",
-                                           "the collective pictures and their checks against torch",
-                                           "Which collective is which (reduce-scatter vs all-gather)? Why does a "
-                                           "blocking ring deadlock when every rank sends first?"),
-    "01b_ring_all_reduce": ("the ring all-reduce from scratch against `dist.all_reduce`, and the ledger's bytes",
-                            "busbw and the alpha-beta model; the exercises",
-                            "Why 2(n-1)/n and not 2? Why is a timing on 2 shared cores not a network's bandwidth?"),
-    "02a_ddp_from_scratch": ("DDP from scratch equal to one process; the bytes per rank measured",
-                             "buckets and overlap measured on torch DDP; the exercises",
-                             "Why average, not sum, the gradients? Why must every rank start from the same weights?"),
-    "02b_ddp_in_practice": ("`no_sync` and the one table of our DDP, torch DDP and Lightning",
-                            "samplers and sharded streams",
-                            "What does `no_sync` save, and what does it cost in memory? Why does a sampler need "
-                            "`set_epoch`?"),
-    "03_zero_from_scratch": ("ZeRO-1, -2, -3 on the memory ledger beside the paper's formulas",
-                             "the memory calculator; the exercises",
-                             "Why does ZeRO-3 send 3Ψ and ZeRO-1/2 2Ψ? Where do mixed-precision Adam's 16 bytes "
-                             "a parameter come from?"),
-    "04a_fsdp2_zero_redundancy": ("`fully_shard` block by block, compared with lesson 03's and one process",
-                                  "`ZeroRedundancyOptimizer` and the torchrun script",
-                                  "What is a unit of FSDP2 and why shard block by block? What happens to a tied "
-                                  "weight?"),
-    "04b_dtensor_meta_checkpoints": ("a DTensor's placements and `redistribute`; a model built on the meta device",
-                                     "the sharded checkpoint saved at one world size and loaded at another",
-                                     "Where is the data of a meta tensor? (nowhere: shapes only.) Why can a DCP "
-                                     "checkpoint load at another world size?"),
-    "04c_fsdp2_overlap_and_accumulation": ("`reshard_after_forward` True, False and an int: bytes sent and kept, beside "
-                                           "the formulas; prefetch read from a profile",
-                                           "HSDP's bytes per mesh dim; accumulation with `set_requires_gradient_sync`",
-                                           "What does `reshard_after_forward=False` trade? Why is accumulation not "
-                                           "pipeline micro-batching?"),
-    "05a_tensor_parallelism": ("the naive split's idle ranks, then Megatron's f and g on one MLP",
-                               "the attention heads split; the checks against the unsplit model",
-                               "Why column then row, and not row then column? Why 2 all-reduces forward and 2 "
-                               "backward per layer?"),
-    "05b_dtensor_and_sequence_parallelism": ("`parallelize_module` with `CommDebugMode` counting the same collectives",
-                                             "sequence parallelism and its activation memory; the torchrun script",
-                                             "Why must every tensor-parallel rank see the same input? What does "
-                                             "sequence parallelism save, and what does it not?"),
-    "06a_pipeline_schedules": ("GPipe and 1F1B from scratch, equal to one process",
-                               "the schedules as op lists; the torchrun script",
-                               "Why micro-batches? Why does 1F1B not shrink the bubble, only the memory?"),
-    "06b_pipeline_bubble": ("a per-rank timeline as a Gantt chart, the bubble beside (p-1)/(m+p-1)",
-                            "the schedule explorer; activation memory; interleaved 1F1B",
-                            "Why is the measured bubble larger than the formula on a loaded machine? What does "
-                            "interleaving cost?"),
-    "06c_zero_bubble": ("B and W computed apart on a linear layer, equal to autograd; ZB-H1 beside 1F1B in the simulator",
-                        "the memory count per stage; torch's ZBV and DualPipeV against one process",
-                        "Why can W wait and B not? Why does ZB-H1 not raise the per-device peak memory, and what "
-                        "does it raise?"),
-    "07a_deepspeed_config": ("the tutorial example that cannot run, then `deepspeed.initialize` that does",
-                             "the config checker; what `auto_cast` casts",
-                             "Why does DeepSpeed not complain about a misspelt key? Why no C++ op compiled here?"),
-    "07b_deepspeed_zero": ("ZeRO stages 0-3 beside lesson 03's formulas and DeepSpeed's estimators",
-                           "offload; bf16 and fp16",
-                           "Why does fp16 need a loss scale and bf16 not? What does offload trade?"),
-    "07c_deepspeed_features": ("one feature (accumulation or clipping) checked against one process",
-                               "the rest of the features; the activation-checkpointing trap; the pipeline engine",
-                               "Why is a reentrant checkpoint a trap here? How do I get one fp32 file out of a "
-                               "ZeRO checkpoint?"),
-    "08a_lightning_strategies": ("one `LightningModule` under `ddp_notebook`, same losses as our DDP",
-                                 "the other strategies; callbacks under DDP; the script",
-                                 "Why `ddp_notebook` in Jupyter and `ddp` in a script? Which strategies need a GPU?"),
-    "08b_lightning_speedups": ("one speed-up measured alone, beside its claim",
-                               "the others; the GPU benchmark where a GPU is present",
-                               "Why does a speed-up measured on a CPU not transfer to a GPU (and the reverse)?"),
-    "08c_lightning_accumulation_and_tp": ("`accumulate_grad_batches` equal to the large batch, and its one all-reduce "
-                                          "per step under DDP",
-                                          "tensor parallelism in `configure_model` under `ModelParallelStrategy`; "
-                                          "`fsdp`/`deepspeed` on a GPU",
-                                          "How does accumulation differ from a pipeline's micro-batches? Why must the "
-                                          "tied weight be split the same way in both layers?"),
-    "08d_fp8_numerics": ("the format table beside torch.finfo, then the outlier rows lost under one scale and kept "
-                         "per row",
-                         "the amax history's spike, Float8Linear against torch._scaled_mm, the recipes' error table",
-                         "Why e4m3 for gradients when e5m2 has the range? (once scaled, range matters less than a "
-                         "mantissa bit.) Why is nothing here faster? (the FP8 matmul is simulated in fp32 on a CPU.)"),
-    "09a_3d_mesh": ("one `DeviceMesh` with dp, pp, tp and the fixed order of wrapping",
-                    "every mesh of the world size, equal to one process",
-                    "Why tensor parallelism inside a node and pipelines across nodes? Why this wrapping order?"),
-    "09b_3d_costs_and_planner": ("the memory and bytes per mesh dimension beside the planner's terms",
-                                 "the planner against published figures; the exercises",
-                                 "Why does the planner's memory differ from a real GPU's? (allocator, fragmentation, "
-                                 "kernels' workspaces: it states what it leaves out.)"),
-    "09c_activation_recompute": ("none, full and selective checkpointing of the capstone's layers: bytes kept and "
-                                 "FLOPs, exactly the planner's terms",
-                                 "the time of each mode; Llama-2-7B with eager and flash attention; the exercises",
-                                 "Why does selective recompute save nothing with flash attention? Why do saved-tensor "
-                                 "hooks miss what selective checkpointing keeps?"),
-    "10_torchrun_and_slurm": ("torchrun started from the notebook with a timeout; two agents as two nodes",
-                              "the fake Slurm job's environment; the sbatch template",
-                              "How do the nodes find each other (rendezvous)? Why does killing torchrun's process "
-                              "group miss its workers? (each worker runs in a session of its own.)"),
-    "11a_failures_and_resume": ("a rank killed with SIGKILL, the run resumed bit for bit",
-                                "`--max-restarts` and two agents; what breaks the equality",
-                                "What must a checkpoint hold besides the weights (optimizer, data position, "
-                                "random state)?"),
-    "11b_hangs_and_profiles": ("a hang read with the timeout report and `TORCH_DISTRIBUTED_DEBUG=DETAIL`",
-                               "the profile of a DDP step (a trace to open in Perfetto)",
-                               "How do I tell which rank is stuck, and on which collective?"),
-    "12a_fx_trace_and_cost": ("the transformer traced with `torch.fx`, and what a symbolic trace cannot do",
-                              "the cost pass against the course's formulas; balanced pipeline stages",
-                              "Why does a symbolic trace fail on data-dependent control flow? Why balance stages "
-                              "by cost and not by layer count?"),
-    "12b_fx_rewrite_and_export": ("tensor parallelism as a graph rewrite, equal to lesson 05's layers by hand",
-                                  "`torch.export` and the pipelining tracer",
-                                  "What does `torch.export` capture that a symbolic trace does not (and the "
-                                  "reverse)?"),
-    "13a_frameworks_one_process": ("lesson 02's step in TensorFlow, equal to torch DDP",
-                                   "the probe of `HierarchicalCopyAllReduce`",
-                                   "Is this the same algorithm as torch DDP? (the same arithmetic, checked.)"),
-    "13b_frameworks_workers_horovod": ("the step in worker processes through `TF_CONFIG`",
-                                       "the parameter server; Horovod's API over `torch.distributed`",
-                                       "Why do updates in turn (a parameter server without sync) differ from DDP?"),
-    "14_context_parallelism": ("four key blocks merged in a scrambled order give SDPA's output, then the ring "
-                               "checked against one process at 2, 3 and 4 ranks",
-                               "the bytes cells and the causal-work table: contiguous against zig-zag",
-                               "Why is the merge exact in any order? Why does the ring send about the same bytes per "
-                               "rank whatever n, while Ulysses sends less as n grows? Why can Ulysses not use more "
-                               "ranks than heads?"),
-    "15_expert_parallelism": ("the three all-to-alls of the expert-parallel layer, equal to one process, then the "
-                              "ledger's bytes per token beside 2kh(n-1)/n and the Mixtral figure",
-                              "the capacity and dropped-tokens table, the balancing loss, the 2 x 2 mesh",
-                              "Why does a capacity factor of 1 drop tokens? (a random router is unbalanced.) Why "
-                              "does DeepSpeed's auxiliary loss differ from Switch's? (no alpha, first choices only.)"),
-}
-LAB_NOTE = ("the goal and the check cell on the stub (it answers 'not written yet')",
-            "the whole lab: the checker grades it and names the mistake")
-
 def stem_path(stem):
     for folder in ("notebooks", "labs"):
         if (path := ROOT / folder / f"{stem}.ipynb").exists():
@@ -291,15 +157,10 @@ def render():
     data = minutes.load_data()
     paths = minutes.notebooks()
     rows = {p.stem: row(p, data) for p in paths}
-    written = [p for p in paths if teaching_notes.has_notes(p)]
-    broken = [m for p in written for m in teaching_notes.problems(p, None if teaching_notes.is_lesson(p)
-                                                                  else lab_mistakes(p.stem))]
-    if broken:
+    broken = [m for p in paths for m in teaching_notes.problems(p, None if teaching_notes.is_lesson(p)
+                                                                else lab_mistakes(p.stem))]
+    if broken:  # a notebook without notes included ("has no metadata.course.teaching")
         raise ValueError("the teacher's notes are incomplete:\n" + "\n".join(broken))
-    unwritten = [p.stem for p in paths if p not in written and p.stem not in LEGACY_NOTES and p.parent.name != "labs"]
-    if unwritten:
-        raise KeyError(f"no teaching notes for {', '.join(unwritten)}: write metadata.course.teaching "
-                       "(utils/course/teaching_notes.py)")
     lines = ["# Teaching the course: a guide for workshops", "",
              "<!-- Written by utils/course/teaching_guide.py (`make guide`) from the notebooks' stated minutes; "
              "edit that file, not this one. -->", "",
@@ -334,17 +195,7 @@ def render():
               "mistakes learners make most. The answers to every lesson's exercises are in the instructor keys, "
               "`labs/solutions/keys/<lesson>.md` (not in the student release).", ""]
     for p in paths:
-        if teaching_notes.has_notes(p):
-            lines += teaching_notes.note_lines(p, rows[p.stem]["minutes"])
-        elif p.parent.name == "notebooks":
-            demo, alone, questions = LEGACY_NOTES[p.stem]
-            lines += [f"**{p.stem}.** Demo: {demo}. Alone: {alone}. Questions: {questions} (Its full notes, with "
-                      "answers, are not written yet.)", ""]
-        else:
-            mistakes = ", ".join(f"`{m}`" for m in lab_mistakes(p.stem))
-            lines += [f"**{p.stem}.** Demo: {LAB_NOTE[0]}. Alone: {LAB_NOTE[1]}. Where learners go wrong (the "
-                      f"mistakes its checker names, each with a hint): {mistakes}. (Its notes in words are not "
-                      "written yet.)", ""]
+        lines += teaching_notes.note_lines(p, rows[p.stem]["minutes"])
     lines += teaching_notes.quiz_lines(paths)
     lines += teaching_notes.gpu_lines(paths, {s: r["world_size"] for s, r in rows.items()})
     lines += teaching_notes.fallback_lines(paths, {s: r["world_sizes"] for s, r in rows.items()})
