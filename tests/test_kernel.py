@@ -104,7 +104,9 @@ def test_a_notebook_function_traceback_shows_its_cell_line(course_kernel):
 
 def test_kernel_interrupt_stops_every_rank(course_kernel):
     kernel = course_kernel
-    kernel.kc.execute("%%ranks 2 --timeout 120\nimport time\ndist.barrier()\ntime.sleep(120)\n")
+    # stop_on_error=False: after the interrupt's error ipykernel aborts the requests queued behind it, and on a busy
+    # machine the next launch below can arrive while it still does (its reply was "aborted" once, at load 10)
+    kernel.kc.execute("%%ranks 2 --timeout 120\nimport time\ndist.barrier()\ntime.sleep(120)\n", stop_on_error=False)
     def ranks_running():
         return child_processes(kernel.pid)
 
