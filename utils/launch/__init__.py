@@ -16,6 +16,8 @@ file                  runs in      does
                                    group, runs the function, sends the result back; ``rank_device``
 ``errors.py``         the kernel   which rank failed first; where hung ranks were stuck
 ``magic.py``          the kernel   ``%%ranks N``: a cell's code as the function
+``restricted.py``     the kernel   what a rank sends back, read as plain data (and tensors, where a
+                                   grader's ranks run a learner's code): never a function it names
 ``report.py``         the kernel   a failed launch in one line per rank: the call each waits in
                                    and the program's line that made it (labs 11a and 11b)
 ``children.py``       any parent   a command in a session of its own: output read by a thread, a

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import linecache
 import os
-import pickle
 import shutil
 import signal
 import sys
@@ -40,6 +39,7 @@ import cloudpickle
 
 from .errors import RankError, RankOutcome, failure_error, timeout_error
 from .plan import RankSetup, plan_launch
+from .restricted import loads_plain, loads_tensors, restricted
 from .server_handle import rank_server
 
 DEFAULT_TIMEOUT = 180.0  # seconds; pass timeout= for longer cells
@@ -57,7 +57,8 @@ def run_ranks(fn, *args, world_size, timeout=DEFAULT_TIMEOUT, backend="auto", th
     ``fn`` may be defined in the notebook: it travels to the ranks by value (cloudpickle), with its
     arguments and the globals it uses. Its return value comes back the same way, so return plain
     values (tensors, numbers, dicts), not modules or process groups; tensors in it (also inside
-    lists, tuples and dicts) come back on the CPU.
+    lists, tuples and dicts) come back on the CPU. Where this process reads its ranks restricted
+    (``restricted.RESTRICTED_ENV``: the workshop's grader), only plain data and tensors come back.
 
     Raises ``RankError`` when a rank fails (naming the first one, with its traceback) and
     ``RankTimeoutError`` when the ranks are still running after ``timeout`` seconds (showing where
@@ -139,12 +140,13 @@ class _Rank:
     def read(self, conn):
         if conn is self.result:
             try:
-                kind, body = pickle.loads(conn.recv_bytes())
+                data = conn.recv_bytes()
             except EOFError:
                 conn.close()
                 return
+            kind, body = _envelope(data, self.rank)
             if kind == "ok":
-                self.value, self.outcome.returned = cloudpickle.loads(body), True
+                self.value, self.outcome.returned = body, True
             else:
                 self.outcome.report = body
             return
@@ -189,6 +191,24 @@ class _Rank:
         self.outcome.exitcode = self.exitcode
         self.outcome.stack = self.capture
         return self.outcome
+
+
+def _envelope(data, rank):
+    """A rank's message, ("ok", value) or ("error", report), read as plain data: no code named in it runs here.
+    Where the kernel reads its ranks restricted (``restricted.py``: a grader's ranks run a learner's code), the value
+    is read as plain data and tensors only, and anything else a rank could send is its error, not the kernel's."""
+    try:
+        kind, body = loads_plain(data)
+        if kind == "ok":
+            return kind, loads_tensors(body) if restricted() else cloudpickle.loads(body)
+        report = dict(time=float(body["time"]), type=str(body["type"]), message=str(body["message"]),
+                      traceback=str(body["traceback"]), secondary=bool(body["secondary"]))
+        return "error", report
+    except Exception as err:  # noqa: BLE001 -- whatever a rank sent that is not the launcher's message
+        return "error", dict(time=time.monotonic(), type="UnreadableResult", secondary=False,
+                             message=f"rank {rank} sent a result that cannot be read as data: "
+                                     f"{type(err).__name__}: {str(err)[:300]}",
+                             traceback="Return plain values: tensors, numbers, strings, lists, dicts.\n")
 
 
 def _pump(ranks, server, until, stop_when=lambda: False):

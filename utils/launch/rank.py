@@ -15,7 +15,8 @@ OpenMP, so the rank may use all three. It does, in order:
 4. sets what torchrun would set (``RANK``, ``WORLD_SIZE``...), its torch thread count and its GPU,
    reads ``TORCH_DISTRIBUTED_DEBUG`` again (the kernel may have set it after the server imported torch),
    joins the default process group through a ``FileStore`` and waits at a barrier for every peer;
-5. calls the function and sends back ``("ok", value)`` with tensors moved to the CPU, or
+5. calls the function and sends back ``("ok", value)`` with tensors moved to the CPU (cloudpickled; as
+   ``torch.save`` bytes of plain data and tensors where the kernel reads restricted, ``restricted.py``), or
    ``("error", report)`` with the traceback, which ``errors.py`` turns into ``RankError``.
 
 A rank never returns into the server's code: it leaves with ``os._exit``.
@@ -41,6 +42,7 @@ import torch.distributed as dist
 
 from .errors import looks_secondary
 from .plan import RankSetup
+from .restricted import dumps_tensors, restricted
 
 
 def rank_main(setup: RankSetup, payload, result_fd, out_fd, err_fd):
@@ -86,8 +88,9 @@ def rank_main(setup: RankSetup, payload, result_fd, out_fd, err_fd):
                       secondary=looks_secondary(exc))
         _leave(result, ("error", report), 1)
     try:
-        # cloudpickle: a class defined in the notebook goes back as the kernel's own class.
-        data = cloudpickle.dumps(_to_cpu(value))
+        # cloudpickle: a class defined in the notebook goes back as the kernel's own class; to a kernel that reads
+        # its ranks restricted (a grader: restricted.py), plain data and tensors only
+        data = dumps_tensors(_to_cpu(value)) if restricted() else cloudpickle.dumps(_to_cpu(value))
     except Exception as exc:  # noqa: BLE001
         _leave(result, ("error", dict(time=time.monotonic(), type="PicklingError", secondary=False,
                message=f"rank {rank} returned a {type(value).__name__} that cannot be sent back: {exc}",

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from multiprocessing.connection import Connection
 
+from .restricted import loads_plain
 from .warm import ENV as WARM_ENV
 from .warm import fork_rank_server
 
@@ -22,6 +23,9 @@ HEAVY_MODULES = ("lightning", "deepspeed", "torch._dynamo", "torch.distributed.f
                  "torch.distributed.pipelining", "torch.distributed.checkpoint", "transformers", "sklearn")
 
 _SERVER = None
+# A function that wraps the server's command line (``argv -> argv``), or None: the workshop's grader starts the
+# server, and so every rank, inside its sandbox (``utils.workshop.sandbox``), and only then
+SERVER_WRAPPER = None
 
 
 def warm_rank_server(fd, env, root):
@@ -49,9 +53,13 @@ class RankServer:
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds utils/
         path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
         env = dict(os.environ, PYTHONPATH=path)
-        self.proc = warm_rank_server(theirs.fileno(), env, root) or subprocess.Popen(
-            [sys.executable, "-m", "utils.launch.server", str(theirs.fileno())], pass_fds=[theirs.fileno()],
-            stdin=subprocess.DEVNULL, env=env)
+        command = [sys.executable, "-m", "utils.launch.server", str(theirs.fileno())]
+        if SERVER_WRAPPER is not None:  # a sandbox: never the test suite's warm fork, which would be outside it
+            self.proc = subprocess.Popen(SERVER_WRAPPER(command), pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                                         env=env)
+        else:
+            self.proc = warm_rank_server(theirs.fileno(), env, root) or subprocess.Popen(
+                command, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
         theirs.close()
         self.sock = ours
         self.conn = Connection(os.dup(ours.fileno()))
@@ -89,8 +97,8 @@ class RankServer:
                 return message
 
     def _read(self):
-        try:
-            message = self.conn.recv()
+        try:  # plain data only: in a grader the server runs in the answer's sandbox, beside its code
+            message = loads_plain(self.conn.recv_bytes())
         except (EOFError, OSError):
             raise RuntimeError("the rank server died (is the machine out of memory?); run the cell again "
                                "to start a new one") from None
