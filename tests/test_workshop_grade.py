@@ -40,9 +40,8 @@ BAD = {  # learner -> (the answer cell's new source, or a notebook's raw text), 
     "writes_outside": ("import os\n\n" + SIGNATURE + "    for path in ('~/planted-by-grade-test',"
                        " '../planted-by-grade-test', 'planted-by-grade-test'):\n"
                        "        open(os.path.expanduser(path), 'w').write('x')\n    return []\n", "no_divisibility_check"),
-    # in the sandbox the solutions are not there: the import fails; without it the grader names the import
-    "imports_reference": (f"from labs.solutions.pipeline_schedule import {NAME}\n",
-                          "error" if SANDBOX else "imports_reference"),
+    # the judge reads the import without running it, and names it
+    "imports_reference": (f"from labs.solutions.pipeline_schedule import {NAME}\n", "imports_reference"),
     "prints_megabytes": (SIGNATURE + f"    print('x' * {MEGABYTES << 20}, flush=True)\n    return []\n",
                          "no_divisibility_check"),
 }

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .boundaries import check_world_sizes
 
-__all__ = ["Part", "Lab", "LABS", "answers_from_notebook", "lab_of"]
+__all__ = ["Part", "Lab", "LABS", "answers_from_notebook", "defined_names", "lab_of"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,20 +167,29 @@ def _kept(tree):
             yield node
 
 
+def _code_cells(path):
+    """(index, source) of every code cell of the nbformat-4 notebook at ``path``, read as JSON (nbformat's import
+    alone takes half a second, and a grader's every rank reads the notebook: ``answer_side``)."""
+    import json
+
+    cells = json.loads(Path(path).read_text(encoding="utf-8")).get("cells")
+    if not isinstance(cells, list):
+        raise ValueError(f"{Path(path).name}: no list of cells: not an nbformat-4 notebook (save it again in Jupyter)")
+    for index, cell in enumerate(cells):
+        if isinstance(cell, dict) and cell.get("cell_type") == "code":
+            text = cell.get("source", "")
+            yield index, "".join(text) if isinstance(text, list) else str(text)
+
+
 def answers_from_notebook(path, namespace=None):
     """The names a lab notebook defines (its stubs, or a learner's answers), without running its cells.
 
     Raises SyntaxError naming the cell when a cell does not parse. Imports execute (they are the
     lab's own: torch, utils); a class body executes, as Python does when it defines a class.
     """
-    import nbformat
-
-    notebook = nbformat.read(str(path), as_version=4)
     namespace = {"__name__": f"lab_{Path(path).stem}"} if namespace is None else namespace
-    for index, cell in enumerate(notebook.cells):
-        if cell.cell_type != "code":
-            continue
-        source = "\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!")))
+    for index, text in _code_cells(path):
+        source = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith(("%", "!")))
         try:
             tree = ast.parse(source, filename=f"{Path(path).name}, cell {index}")
         except SyntaxError as err:
@@ -191,3 +200,38 @@ def answers_from_notebook(path, namespace=None):
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # a checker quotes the line
         exec(compile(module, filename, "exec"), namespace)
     return namespace
+
+
+def defined_names(path):
+    """What ``answers_from_notebook`` would define, read without executing anything: name -> ("value", v) for a plain
+    value (``diagnosis_A = "order"``, a parameter), ("import", module) for a name an import binds, ("def", kind) for a
+    function or class. The last definition of a name wins, as when the cells run in order. The grader's judge
+    (``utils.workshop.grade``) reads a notebook this way, so that no line of it runs where the verdict is decided.
+    Raises SyntaxError naming the cell, as ``answers_from_notebook`` does."""
+    names = {}
+    for index, text in _code_cells(path):
+        source = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith(("%", "!")))
+        try:
+            tree = ast.parse(source, filename=f"{Path(path).name}, cell {index}")
+        except SyntaxError as err:
+            raise SyntaxError(f"{Path(path).name}, code cell {index} does not parse: {err.msg} (line {err.lineno})") \
+                from None
+        for node in _kept(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names[node.name] = ("def", type(node).__name__)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    names[alias.asname or alias.name.split(".")[0]] = ("import", alias.name)
+            elif isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    if alias.name != "*":
+                        names[alias.asname or alias.name] = ("import", "." * node.level + (node.module or ""))
+            else:  # a plain value: ast.literal_eval evaluates literals only, never a call
+                value = ast.literal_eval(node.value)
+                for target in node.targets:
+                    if isinstance(target, ast.Name):
+                        names[target.id] = ("value", value)
+                    elif isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (tuple, list)) \
+                            and len(value) == len(target.elts):
+                        names.update({t.id: ("value", v) for t, v in zip(target.elts, value) if isinstance(t, ast.Name)})
+    return names

@@ -32,6 +32,7 @@ from torch import nn
 
 from ..launch import rank_device
 from ..pipeline import PipelineDeadlock, bubble_fraction, idle_fraction, peak_in_flight, simulate
+from .answer_side import answer_side
 from .common import CheckResult, caught, fail, first_error, launch_answer, learner_call, raise_if_error, watched_call
 from .guard import Guard, module_functions
 
@@ -81,6 +82,7 @@ def _guard():
                   for m in (schedules, sys.modules[__name__]) for f in module_functions(m)])
 
 
+@answer_side
 def _own(fn, *args):
     """``fn(*args)``, refused when it let torch's schedules, or this checker, compute the order: a profile hook sees
     a call into either module, and the guard trips each of their functions (an alias, a thread, the hook off)."""
@@ -95,6 +97,17 @@ def _own(fn, *args):
     if seen:
         fail(PIPELINE_HINTS, "used_torch", f"fn{args} called {seen}: the order came from torch, not from you.")
     return ops
+
+
+@answer_side
+def _refusal(fn):
+    """What ``fn(0, 3, 4, 2)`` (4 micro-batches on 3 ranks) raised as ValueError, or None."""
+    __tracebackhide__ = True
+    try:
+        learner_call(fn, 0, 3, 4, 2, where="fn(0, 3, 4, 2)", hints=PIPELINE_HINTS, let_through=ValueError)
+    except ValueError as err:
+        return str(err)
+    return None
 
 
 def _orders(fn, p, m, v):
@@ -198,11 +211,7 @@ def check_interleaved(fn, world_sizes=(2,), timeout=60.0):
     """Check ``fn(rank, ranks, microbatches, chunks)``: arguments, then the structure on ``CASES``, then the order
     torch computes on each of ``world_sizes`` ranks (m = 2p micro-batches, v = 2 chunks)."""
     __tracebackhide__ = True
-    try:
-        learner_call(fn, 0, 3, 4, 2, where="fn(0, 3, 4, 2)", hints=PIPELINE_HINTS, let_through=ValueError)
-        refused = None
-    except ValueError as err:
-        refused = str(err)
+    refused = _refusal(fn)
     if refused is None or "4" not in refused or "3" not in refused:
         fail(PIPELINE_HINTS, "no_divisibility_check", "fn(0, 3, 4, 2), 4 micro-batches on 3 ranks, "
                                                       f"{'raised ValueError: ' + refused if refused else 'did not raise'}.")

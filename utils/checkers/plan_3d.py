@@ -22,6 +22,7 @@ from .. import planner
 from ..mesh import parallelize3d
 from ..mesh.plan3d import BATCH, SHAPE, unrunnable
 from ..sharding.memory import zero_bytes_per_rank
+from .answer_side import answer_side
 from .common import GRAD_TOL, CheckResult, LabCheckFailed, close, fail, launch_answer, watched_call
 from .guard import Guard, code_key
 
@@ -128,6 +129,7 @@ def _knobs(plan):
                 zero_stage=plan.zero_stage, checkpointing=plan.checkpointing)
 
 
+@answer_side
 def call_choose_plan(choose_plan, job, args, no_fit=False):
     """choose_plan(*args), any exception turned into a named mistake; a call to best_plans refused. ``no_fit``: the
     job no plan fits, where a ValueError is the answer (let through) and any other exception the mistake no_fit."""
@@ -240,20 +242,31 @@ def _no_fit(choose_plan, case):
     else is the mistake ``no_fit``."""
     __tracebackhide__ = True
     job, *args = case
+    outcome = _no_fit_outcome(choose_plan, job, args)
+    if isinstance(outcome, tuple) and outcome[0] == "raised":
+        _, message, in_planner = outcome
+        if in_planner:  # the planner refused a plan the search built
+            fail(HINTS, "divisibility", f"{job}: the ValueError came from the planner, not from your search: "
+                 f"{message[:160]}")
+        if not re.search(r"\d", message):
+            fail(HINTS, "no_fit", f"{job}: no plan fits and choose_plan raised ValueError({message[:120]!r}), "
+                 "which names no number: say the cap and what the smallest plan needs.")
+        return f"{job}: no plan fits; raised ValueError: {message[:120]}"
+    plan = outcome[1] if isinstance(outcome, tuple) else outcome
+    fail(HINTS, "no_fit", f"{job}: no plan of the lab's space is under the cap, but choose_plan returned {plan!r}")
+
+
+@answer_side
+def _no_fit_outcome(choose_plan, job, args):
+    """Where the answer runs: ("returned", its plan), or ("raised", the ValueError's message, raised in the planner?)."""
+    __tracebackhide__ = True
     try:
-        plan = call_choose_plan(choose_plan, job, args, no_fit=True)
+        return "returned", call_choose_plan(choose_plan, job, args, no_fit=True)
     except ValueError as err:
         tb = err.__traceback__
         while tb.tb_next is not None:
             tb = tb.tb_next
-        if "/planner/" in tb.tb_frame.f_code.co_filename:  # the planner refused a plan the search built
-            fail(HINTS, "divisibility", f"{job}: the ValueError came from the planner, not from your search: "
-                 f"{str(err)[:160]}")
-        if not re.search(r"\d", str(err)):
-            fail(HINTS, "no_fit", f"{job}: no plan fits and choose_plan raised ValueError({str(err)[:120]!r}), "
-                 "which names no number: say the cap and what the smallest plan needs.")
-        return f"{job}: no plan fits; raised ValueError: {str(err)[:120]}"
-    fail(HINTS, "no_fit", f"{job}: no plan of the lab's space is under the cap, but choose_plan returned {plan!r}")
+        return "raised", str(err), "/planner/" in tb.tb_frame.f_code.co_filename.replace("\\", "/")
 
 
 # ---------------------------------------------------------------- the plan's mesh on CPU ranks (notebook 09's step)

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from ..context_parallel import ring as ring_module
 from ..context_parallel.ring import chunk_ids, ring_attention, shard, unshard
 from ..launch import rank_device
+from .answer_side import answer_side
 from .common import CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error, watched_call
 from .guard import Guard, Refused, code_key, module_functions
 from .harness import is_learners
@@ -85,6 +86,7 @@ def _guard():
     return Guard(functions, sdpa, allow_from=(ring_module.__file__, __file__))  # the ring itself, this checker
 
 
+@answer_side
 def _own(fn, *args):
     """``fn(*args)``, refused when it called into the lesson's ring module or scaled_dot_product_attention."""
     __tracebackhide__ = True

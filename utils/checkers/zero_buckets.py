@@ -12,6 +12,7 @@ DeepSpeed's, (4) no earlier, so from the first bucket on they are DeepSpeed's, b
 import torch
 
 from ..models import ToyNet
+from .answer_side import answer_side
 from .common import CheckResult, fail, learner_call
 
 BUCKET_HINTS = {
@@ -51,6 +52,7 @@ def judge_buckets(sizes, buckets, bucket_numel, label):
                  None)
 
 
+@answer_side
 def bucket_indices(make_buckets, params, bucket_numel):
     """``make_buckets(params, bucket_numel)`` as lists of indices into ``params`` (-1: a tensor not among them)."""
     __tracebackhide__ = True

@@ -11,11 +11,17 @@ lab is a notebook of ``labs/`` (``utils.checkers.labs.LABS``); other notebooks a
 ``gradebook.csv``, ``gradebook.html``, ``results.json`` and
 ``feedback/<learner>/[<assignment>/]<lab>.md`` (``utils.workshop.gradebook``).
 
-Each (learner, lab, part) is one *answer*, graded by ``python -m utils.workshop.grade --one ...``: a fresh
-process that reads the notebook's definitions (``answers_from_notebook``) and calls the part's checker the way
-the lab's check cell does (the checker starts its ranks with ``utils.launch.run_ranks``). Why a process per
-answer: a learner's code can hang, ``os._exit``, kill itself, print without end or write files, and none of
-that may reach the grader or another learner. So each answer runs
+Each (learner, lab, part) is one *answer*, graded by ``python -m utils.workshop.grade --one ...``, its *judge*: a
+fresh process that reads the notebook without running any of it (``labs.defined_names``: its plain values, and a
+handle, ``answer_side.AnswerRef``, for each function and class) and calls the part's checker the way the lab's check
+cell does. The learner's code runs only where a handle is sent: in the ranks (``utils.launch.run_ranks``) and, for
+the checkers' steps that call it outside the ranks, in one answer process (``utils.checkers.answer_side``); the
+judge reads back what they return as data and tensors only (``utils.launch.restricted``) and decides the verdict
+itself, so nothing an answer raises, prints, writes or patches is the verdict (tests/test_workshop_judge.py). Why
+processes of their own: a learner's code can hang, ``os._exit``, kill itself, print without end or write files, and
+none of that may reach the grader or another learner. So the judge runs outside the sandbox (with ``-P``: not its
+working folder on its import path), and what runs the answer's code, its rank server with every rank, and its answer
+process, runs
 
 - in the sandbox of ``utils.workshop.sandbox`` (bubblewrap; ``--no-sandbox`` where it cannot run, with a warning):
   the course read-only without ``labs/solutions``, ``build/`` and ``.git``, neither the submissions nor the
@@ -28,9 +34,8 @@ that may reach the grader or another learner. So each answer runs
   under it is killed;
 - with its output read as it comes and only the first and last ``OUTPUT_LIMIT / 2`` bytes kept.
 
-The verdict is still written by the answer's own process (``--one``), so an answer that forges it is not
-stopped yet (issue 37, part 3). The last three by ``utils.launch.children`` (``run_child``), the course's one way
-to run a child and stop its tree.
+The last three hold for the judge and all under it, by ``utils.launch.children`` (``run_child``), the course's one
+way to run a child and stop its tree.
 
 Its verdict is one of ``VERDICTS``. Answers run on a pool of one worker a core (fewer where memory is short,
 ``default_workers``): an answer spends most of its time starting Python and importing torch, on one core, and
@@ -42,7 +47,6 @@ import ast
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -218,14 +222,25 @@ def default_workers(world_size, cores=None, memory=None):
     return max(1, min(cores, int(memory // ((world_size + 1) * 400 * 2**20))))
 
 
-# --- inside the answer's own process ---------------------------------------------------------------------------
+# --- in the judge: the answer's verdict, decided where none of its code runs ------------------------------------
+
+def _definitions(*answers):
+    """Runs in a rank (a one-rank launch): the notebook's definitions, run there; the names they define."""
+    return [a.__name__ if hasattr(a, "__name__") else type(a).__name__ for a in answers]
+
 
 def grade_one(notebook, lab, index, world_size, smoke):
-    """Grade one part in this process: a dict of Verdict's fields (verdict, mistake, message, hint)."""
+    """Grade one part, as the judge: a dict of Verdict's fields (verdict, mistake, message, hint).
+
+    The notebook is read, never run, here (``defined_names``): its plain values come as values, its functions and
+    classes as ``AnswerRef`` handles that run only in the sandbox, in the ranks and in the answer's process
+    (``utils.checkers.answer_side``). What comes back from there is read as data and tensors (``restricted``)."""
     import nbformat
 
+    from ..checkers.answer_side import AnswerProcessError, AnswerRef
     from ..checkers.common import LabCheckFailed
-    from ..checkers.labs import answers_from_notebook
+    from ..checkers.labs import defined_names
+    from ..launch import RankError, RankTimeoutError, run_ranks
 
     part = LABS[lab].parts[index]
     try:
@@ -234,48 +249,84 @@ def grade_one(notebook, lab, index, world_size, smoke):
         return dict(verdict="unparsable", message=f"not a notebook: {type(err).__name__}: {str(err)[:500]}",
                     hint="open it in Jupyter; if it does not open, save it again and submit that copy.")
     try:
-        answers = answers_from_notebook(notebook)
-    except SyntaxError as err:
-        return dict(verdict="unparsable", message=str(err), hint="run the notebook from the top; fix the cell named.")
-    except BaseException as err:  # noqa: BLE001 -- an import or a class body of the learner's raised
-        return dict(verdict="error", message=f"reading the notebook's definitions: {type(err).__name__}: {err}",
-                    hint="restart the kernel and run the notebook from the top: the same error shows there.")
-    missing = [name for name in part.needs if name not in answers]
+        names = defined_names(notebook)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
+        return dict(verdict="unparsable", message=str(err)[:MESSAGE_LIMIT],
+                    hint="run the notebook from the top; fix the cell named.")
+    missing = [name for name in part.needs if name not in names]
     if missing:
         return dict(verdict="missing", mistake=", ".join(missing), message=f"the notebook defines no "
                     f"{', '.join(missing)}", hint=f"keep the names of the notebook's stubs: {', '.join(part.needs)}")
-    borrowed = [name for name in part.needs if "solutions" in str(getattr(answers[name], "__module__", "")).split(".")]
-    if borrowed:  # `from labs.solutions... import`: the repository is on the path, so the import works
+    borrowed = [name for name in part.needs if names[name][0] == "import" and "solutions" in names[name][1].split(".")]
+    if borrowed:  # `from labs.solutions... import`: the reference's code, not the learner's
         return dict(verdict="mistake", mistake="imports_reference", message=f"{', '.join(borrowed)}: imported from "
                     "the reference solution (labs/solutions/), not written in the notebook",
                     hint="write your own answer between the ## YOUR CODE markers.")
+    answers = {name: value if kind == "value" else AnswerRef(notebook, name) for name, (kind, value) in names.items()}
+    refs = [answers[name] for name in part.needs if isinstance(answers[name], AnswerRef)]
     try:
+        if refs:  # the definitions, run once in a rank of the sandbox: their own errors named as such
+            run_ranks(_definitions, *refs, world_size=1, process_group=False, verbose=False, timeout=part.timeout)
         result = part.run(answers, world_size, smoke)
+    except RankTimeoutError as err:
+        return dict(verdict="timeout", message=f"reading the notebook's definitions did not end: {str(err)[:1000]}",
+                    hint="a class body or an import of your notebook does not return: look for a loop there.")
+    except RankError as err:
+        report = err.reports.get(err.rank, {})
+        if report.get("type") == "NameError" and "defines no" in report.get("message", ""):
+            return dict(verdict="missing", mistake=", ".join(part.needs), message=report["message"],
+                        hint=f"keep the names of the notebook's stubs: {', '.join(part.needs)}")
+        return dict(verdict="error", message=f"reading the notebook's definitions: {str(err)[:MESSAGE_LIMIT]}",
+                    hint="restart the kernel and run the notebook from the top: the same error shows there.")
     except LabCheckFailed as err:
         return dict(verdict="mistake", mistake=err.mistake, message=str(err).removesuffix(f"\nHint: {err.hint}"),
                     hint=err.hint)
     except NotImplementedError as err:
         return dict(verdict="not written", message=str(err), hint="write your code between the ## YOUR CODE markers.")
-    except BaseException as err:  # noqa: BLE001 -- the learner's code, SystemExit included
+    except AnswerProcessError as err:
+        if err.code is None:
+            return dict(verdict="error", message=str(err), hint="your code raised while the checker called it: read "
+                        "the message, run the check cell.")
+        return dict(verdict="crash", message=str(err), hint="your code ended the process (os._exit, sys.exit, a "
+                    "signal): return instead.")
+    except Exception as err:  # noqa: BLE001 -- the checker's own, on what the answer sent back
         return dict(verdict="error", message=f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=-4)}",
                     hint="your code raised while the checker called it: read the message, run the check cell.")
     return dict(verdict="pass", message=str(result))
 
 
 def _one(argv):
-    """``--one NOTEBOOK LAB PART RESULT WORLD_SIZE [--smoke]``: grade one part, write the verdict to RESULT."""
+    """``--one NOTEBOOK LAB PART RESULT WORLD_SIZE BOX [--smoke]``: judge one part, write the verdict to RESULT.
+
+    BOX: the answer's sandbox as JSON (``sandbox.sandboxed``'s work, readable, hidden, memory, cpu), or ``null``
+    (--no-sandbox). The judge itself runs outside it; its rank server (so every rank) and the answer's process inside.
+    """
     import resource
 
-    notebook, lab, index, result, world_size, *smoke = argv
+    from ..checkers import answer_side
+    from ..launch import server_handle
+    from ..launch.restricted import RESTRICTED_ENV
+
+    notebook, lab, index, result, world_size, box, *smoke = argv
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
+    os.environ[RESTRICTED_ENV] = "1"  # the ranks send, and run_ranks reads, data and tensors only
+    box = json.loads(box)
+    if box is not None:
+        from . import sandbox
+
+        wrap = lambda argv: sandbox.sandboxed(argv, **box)  # noqa: E731
+        server_handle.SERVER_WRAPPER = answer_side.PROCESS_WRAPPER = wrap
     start = time.perf_counter()
-    fields = grade_one(Path(notebook), lab, int(index), int(world_size), smoke == ["--smoke"])
+    try:
+        fields = grade_one(Path(notebook), lab, int(index), int(world_size), smoke == ["--smoke"])
+    finally:
+        answer_side.close_answer_process()
     fields["message"] = fields["message"][:MESSAGE_LIMIT]
-    fields["checking"] = round(time.perf_counter() - start, 2)  # informational (the answer could write it)
+    fields["checking"] = round(time.perf_counter() - start, 2)
     Path(result).write_text(json.dumps(fields))
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)  # no teardown of what the answer left running (threads, a rank server): the grader kills it
+    os._exit(0)  # no teardown: the rank server and its ranks end when their socket closes, or with their sandbox
 
 
 # --- in the grader -----------------------------------------------------------------------------------------------
@@ -299,11 +350,13 @@ def run_answer(answer, index, world_size, smoke=False, timeout=None, sandbox=Non
                    PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                    OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         env.pop("MASTER_ADDR", None), env.pop("MASTER_PORT", None)
-        command = [sys.executable, "-m", "utils.workshop.grade", "--one", str(notebook), answer.lab, str(index),
-                   str(result), str(world_size), *(["--smoke"] if smoke else [])]
-        if boxed:
-            command = box.sandboxed(command, tmp, readable=[ROOT], hidden=[ROOT / h for h in HIDDEN] + list(hidden),
-                                    memory=MEMORY_LIMIT, cpu=CPU_LIMIT or timeout)
+        box = None
+        if boxed:  # the judge runs outside the sandbox; what runs the answer's code (its ranks, its process) inside
+            box = dict(work=str(work), readable=[str(ROOT)], hidden=[str(ROOT / h) for h in HIDDEN] + list(map(str, hidden)),
+                       memory=MEMORY_LIMIT, cpu=CPU_LIMIT or timeout)
+        # -P: the judge's import path holds not its working folder, where the answer's code writes
+        command = [sys.executable, "-P", "-m", "utils.workshop.grade", "--one", str(notebook), answer.lab, str(index),
+                   str(result), str(world_size), json.dumps(box), *(["--smoke"] if smoke else [])]
         done = run_child(command, timeout, env=env, cwd=work, stdin=subprocess.DEVNULL, limit=OUTPUT_LIMIT, drain=10)
         verdict = Verdict(answer.learner, answer.lab, part.name, "crash", seconds=round(done.seconds, 1),
                           output=done.output)
@@ -314,15 +367,10 @@ def run_answer(answer, index, world_size, smoke=False, timeout=None, sandbox=Non
             for key, value in json.loads(result.read_text()).items():
                 setattr(verdict, key, value)
         else:
-            code = done.code
-            if boxed and code > 128:  # bwrap exits with 128 + the signal that ended the program it ran
-                code = -(code - 128)
+            code = done.code  # the judge's: no answer's code runs in it, so out of memory, or a bug of the grader's
             how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-            verdict.message = f"the grading process ended without a verdict ({how})"
-            verdict.hint = "your code ended the process (os._exit, sys.exit in a rank, a signal): return instead."
-            if code == -signal.SIGXCPU:
-                verdict.verdict, verdict.hint = "time", (f"a process of your answer used {CPU_LIMIT or timeout:g} s "
-                                                         "of CPU: look for a loop that never ends.")
+            verdict.message = f"the judge ended without a verdict ({how}): the machine out of memory, or the grader's bug"
+            verdict.hint = "ask the teacher: this is not your code's verdict."
         if verdict.verdict in ("mistake", "error", "crash") and "killed by signal SIGXCPU" in verdict.message:
             verdict.verdict = "time"  # a rank of the answer's, killed at its CPU limit (utils.launch names the signal)
             verdict.hint = (f"a process of your answer used {CPU_LIMIT or timeout:g} s of CPU: look for a loop that "

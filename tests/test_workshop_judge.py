@@ -1,0 +1,126 @@
+"""Issue 37, part 3: a verdict no answer can write.
+
+The grader's judge (``utils.workshop.grade.grade_one``) reads a notebook without running it and decides the verdict
+from what the answer's processes send back, read as data and tensors (``utils.launch.restricted``); the answer's code
+runs only in its ranks and its answer process, in the sandbox (``utils.checkers.answer_side``). Each answer below
+tried, and under the old grader managed, to write its own verdict; each must get the verdict of what it really is.
+"""
+
+import os
+import pickle
+import uuid
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from utils.launch.restricted import RESTRICTED_ENV, Unsendable, dumps_tensors, loads_plain, loads_tensors
+from utils.workshop import grade as grader
+from utils.workshop.gradebook import cell
+from utils.workshop.sandbox import available
+from utils.workshop.submissions import notebook_with
+
+SANDBOX = available() is None
+LAB, NAME = "06_pipeline_lab", "interleaved_one_f_one_b"
+SIGNATURE = f"def {NAME}(rank, ranks, microbatches, chunks):\n"
+STUB = SIGNATURE + "    raise NotImplementedError('write it')\n"
+REFUSES = "    if microbatches % ranks:\n        raise ValueError(f'{microbatches} micro-batches, {ranks} ranks')\n"
+MARK = f"/tmp/judge-test-{uuid.uuid4().hex}"  # a file the reader of a result would create if it ran the result's code
+
+
+class _Evil:
+    def __reduce__(self):
+        return os.system, (f"touch {MARK}",)
+
+
+def test_restricted_readers_run_no_code():
+    evil = pickle.dumps(("ok", _Evil()))
+    with pytest.raises(pickle.UnpicklingError, match="refused"):
+        loads_plain(evil)
+    with pytest.raises(Unsendable, match="posix.system|os.system"):
+        dumps_tensors([_Evil()])
+    import io
+
+    import torch
+    buffer = io.BytesIO()
+    torch.save([_Evil()], buffer)  # what an answer could send by hand
+    with pytest.raises(pickle.UnpicklingError):
+        loads_tensors(buffer.getvalue())
+    assert not Path(MARK).exists()
+    assert loads_plain(pickle.dumps(("exited", 12, -9))) == ("exited", 12, -9)
+
+
+def _returns_evil():
+    import os as os_
+
+    class Evil:
+        def __reduce__(self):
+            return os_.system, (f"touch {MARK}",)
+    return Evil()
+
+
+def test_a_restricted_kernel_reads_no_code_from_its_ranks(monkeypatch):
+    """Where the kernel reads its ranks restricted (the judge does), a rank's result that names code is the rank's
+    error, and nothing it names runs in the kernel."""
+    from utils.launch import RankError, run_ranks
+
+    monkeypatch.setenv(RESTRICTED_ENV, "1")
+    assert run_ranks(lambda: {"x": [1, 2]}, world_size=1, process_group=False, verbose=False) == [{"x": [1, 2]}]
+    with pytest.raises(RankError, match="cannot be sent back"):
+        run_ranks(_returns_evil, world_size=1, process_group=False, verbose=False)
+    from utils.launch.kernel import _envelope
+    import warnings
+    with warnings.catch_warnings():  # torch.load warns of a plain pickle's protocol before refusing it
+        warnings.simplefilter("ignore")
+        kind, report = _envelope(pickle.dumps(("ok", pickle.dumps(_Evil()))), 0)
+    assert kind == "error" and report["type"] == "UnreadableResult", report
+    assert not Path(MARK).exists()
+
+
+FORGERIES = {  # learner -> (lab, {name: source}), the gradebook cell wanted
+    # the checker's own exception, raised with a passing message: it is the answer raising
+    "raises_the_checkers_exception": (LAB, {NAME: "from utils.checkers.common import LabCheckFailed\n\n" + SIGNATURE +
+                                            "    raise LabCheckFailed('pass', 'PASSED: interleaved 1F1B', '')\n"},
+                                      "raised"),
+    # a class body that replaces the check, the judge's grade_one and the lab table's call: it runs in the sandbox,
+    # never in the judge, so the stub below it is graded as a stub
+    "patches_the_checker": (LAB, {NAME: "import utils.checkers.pipeline_schedule as ps\nimport utils.workshop.grade as gr\n"
+                                        "import utils.checkers.labs as lb\n\nclass Patch:\n"
+                                        "    ps.check_interleaved = lambda *a, **k: 'PASSED'\n"
+                                        "    gr.grade_one = lambda *a, **k: {'verdict': 'pass', 'message': 'PASSED'}\n"
+                                        "    for part in lb.LABS['06_pipeline_lab'].parts:\n"
+                                        "        object.__setattr__(part, 'call', lambda *a, **k: 'PASSED')\n\n" + STUB},
+                            "not written yet"),
+    # writes a passing verdict wherever the judge's result file could be, then ends its process
+    "writes_the_verdict": (LAB, {NAME: "import glob, json, os\n\nclass Forge:\n"
+                                       "    for folder in glob.glob('/tmp/grade-*') + [os.path.dirname(os.getcwd())]:\n"
+                                       "        try:\n            open(os.path.join(folder, 'result.json'), 'w').write("
+                                       "json.dumps({'verdict': 'pass', 'message': 'PASSED'}))\n"
+                                       "        except OSError:\n            pass\n    os._exit(0)\n\n" + STUB},
+                           "error"),
+    # returns an object whose unpickling would run a command in whoever reads it
+    "returns_code": (LAB, {NAME: "import os\n\nclass Evil:\n    def __reduce__(self):\n"
+                                 f"        return os.system, ('touch {MARK}',)\n\n" + SIGNATURE + REFUSES
+                                 + "    return [Evil()]\n"},
+                     "not_ops"),
+    # names a mistake of its choosing ("pass") from outside its function's call (a metaclass the check looks into)
+    "names_its_mistake": ("14_ring_attention_lab", {"merge": "from utils.checkers.common import LabCheckFailed\n\n"
+                          "class Forged(type):\n    def __getattr__(cls, name):\n"
+                          "        raise LabCheckFailed('pass', 'PASSED', '')\n\n"
+                          "class merge(metaclass=Forged):\n    pass\n"},
+                          "error"),
+}
+
+
+@pytest.mark.parametrize("learner", sorted(FORGERIES))
+def test_an_answer_cannot_write_its_verdict(learner, tmp_path):
+    lab, sources, want = FORGERIES[learner]
+    path = tmp_path / learner / f"{lab}.ipynb"
+    path.parent.mkdir()
+    nbformat.write(notebook_with(lab, sources), str(path))
+    verdict = grader.run_answer(grader.Answer(learner, lab, path, "x"), 0, world_size=2, smoke=True, timeout=240,
+                                sandbox=SANDBOX)
+    assert cell([verdict]) == want, (verdict.label, verdict.message[:2000], verdict.output[-2000:])
+    assert not Path(MARK).exists(), "the answer's code ran where its result was read"
+    if learner == "names_its_mistake":
+        assert "which no checker names" in verdict.message, verdict.message
