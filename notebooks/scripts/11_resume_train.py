@@ -14,7 +14,7 @@ the agent's TCPStore, which outlives them. A restarted worker that joins a proce
 if it were new reads the keys the dead generation left there (gloo: the dead peers' addresses) and
 fails with "Connection refused". So each generation gets its own key prefix, and the generation is
 counted by the store itself (``utils.scale_out.resume.store_generation``), not taken from
-``TORCHELASTIC_RESTART_COUNT``, which differs between agents when there are several.
+``TORCHELASTIC_RESTART_COUNT``, which may differ between agents when there are several.
 """
 
 import argparse
