@@ -6,6 +6,8 @@
   what to try next) instead of a traceback through checker code (``LabCheckFailed._render_traceback_``).
 - ``harness``: every call into learner code, in the kernel (``learner_call``) and in the ranks (``caught``): what
   the answer raises is the mistake ``raised``, with the answer's own line.
+- ``answer_side``: where the learner's code runs when the workshop's grader holds it by name (``AnswerRef``): in
+  the ranks, and in one sandboxed answer process for the steps marked ``@answer_side``, never in the judge.
 - ``watch``: the watcher of forbidden calls (``watched_call``, ``Watcher``), on every thread, refusing an answer
   that switches it off (``tampered``); ``guard``: the key targets tripped in place while the answer runs
   (``Guard``), so that no alias, ``partial``, thread or pool task reaches them unseen.
@@ -24,5 +26,6 @@
 - ``hang_debugging``: labs 11a and 11b, ``check_diagnosis``, ``check_fix``.
 - ``ring_attention``: lab 14, ``check_merge``, ``check_causal_block``, ``check_ring_attention``.
 - ``labs``: every lab in one table (``LABS``): its notebook, the names a learner writes, the checks that
-  grade them; ``answers_from_notebook`` reads a lab notebook's definitions without running it.
+  grade them; ``answers_from_notebook`` runs only a lab notebook's definitions, ``defined_names`` reads them
+  without running anything.
 """

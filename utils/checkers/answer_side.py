@@ -172,11 +172,9 @@ def known_mistakes():
     import importlib
     import pkgutil
 
-    from .. import checkers
-
     codes = {"raised", "tampered"}
-    for info in pkgutil.iter_modules(checkers.__path__):
-        module = importlib.import_module(f"{checkers.__name__}.{info.name}")
+    for info in pkgutil.iter_modules([os.path.dirname(os.path.abspath(__file__))]):  # this package's modules
+        module = importlib.import_module(f"{__package__}.{info.name}")
         for name, value in vars(module).items():
             if name.endswith("HINTS") and isinstance(value, dict):
                 codes.update(key for key in value if isinstance(key, str))
