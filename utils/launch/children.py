@@ -31,7 +31,7 @@ from pathlib import Path
 
 import psutil
 
-__all__ = ["ChildResult", "Child", "start_child", "run_child", "run_children", "kill_tree"]
+__all__ = ["ChildResult", "Child", "Output", "start_child", "run_child", "run_children", "kill_tree"]
 
 POLL = 0.2  # seconds between looks at several children (or one whose lines we echo or test with ``until``)
 DRAIN = 30  # seconds to wait, once the tree is killed, for the output's end (a process that left it may hold the pipe)
@@ -62,7 +62,7 @@ class ChildResult:
         return "\n".join(self.output.splitlines()[-lines:])
 
 
-class _Output:
+class Output:
     """A child's output as its reader thread gets it: all of it, or (``limit``) the first and last ``limit // 2``
     bytes and a count of the rest (a child may print without end). With ``lines`` (a queue), each complete line
     is also put there, as ``(index, text)``, for the calling thread to echo."""
@@ -112,7 +112,7 @@ class Child:
     """A command running in a session of its own, its output read by a thread; ``start_child`` makes one."""
 
     def __init__(self, command, env=None, cwd=None, stdin=None, limit=None, lines=None, index=0):
-        self.command, self.output = tuple(command), _Output(limit, lines, index)
+        self.command, self.output = tuple(command), Output(limit, lines, index)
         self.started = time.perf_counter()
         try:
             self.proc = subprocess.Popen(list(command), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

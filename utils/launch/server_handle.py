@@ -45,6 +45,15 @@ def rank_server() -> RankServer:
     return _SERVER
 
 
+def stop_rank_server():
+    """Stop this kernel's rank server, if it runs, and wait for it to end (the workshop's judge, between answers:
+    each answer gets a server of its own, in a sandbox of its own)."""
+    global _SERVER
+    if _SERVER is not None:
+        _SERVER.stop()
+        _SERVER = None
+
+
 class RankServer:
     """Starts ``python -m utils.launch.server`` and speaks its protocol (see server.py)."""
 
@@ -69,14 +78,31 @@ class RankServer:
     def alive(self):
         return self.proc.poll() is None
 
+    def stop(self, wait=10.0):
+        """Close the socket (the server then kills its ranks and exits), wait ``wait`` seconds, then kill it."""
+        self.conn.close()
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
     def mirror_imports(self):
         """Have the server import the heavy libraries this kernel has imported since it started."""
-        wanted = [name for name in list(sys.modules) if name not in self.imported
-                  and any(name == heavy or name.startswith(heavy + ".") for heavy in HEAVY_MODULES)]
-        if wanted:
-            self.conn.send(("preload", wanted, dict(os.environ), list(sys.path)))
-            self._reply("preloaded")
-            self.imported.update(wanted)
+        self.preload([name for name in list(sys.modules)
+                      if any(name == heavy or name.startswith(heavy + ".") for heavy in HEAVY_MODULES)])
+
+    def preload(self, modules):
+        """Have the server import ``modules`` (those it has not yet), once, so that no rank forked later has to; a
+        module that fails to import is left to the rank that needs it. Returns {module: error} of the failures."""
+        wanted = [name for name in dict.fromkeys(modules) if name not in self.imported]
+        if not wanted:
+            return {}
+        self.conn.send(("preload", wanted, dict(os.environ), list(sys.path)))
+        failed = self._reply("preloaded")[1]
+        self.imported.update(wanted)
+        return failed
 
     def launch(self, setup, payload, fds):
         """Fork one rank with these pipes (write ends); returns its pid."""

@@ -11,17 +11,17 @@ lab is a notebook of ``labs/`` (``utils.checkers.labs.LABS``); other notebooks a
 ``gradebook.csv``, ``gradebook.html``, ``results.json`` and
 ``feedback/<learner>/[<assignment>/]<lab>.md`` (``utils.workshop.gradebook``).
 
-Each (learner, lab, part) is one *answer*, graded by ``python -m utils.workshop.grade --one ...``, its *judge*: a
-fresh process that reads the notebook without running any of it (``labs.defined_names``: its plain values, and a
-handle, ``answer_side.AnswerRef``, for each function and class) and calls the part's checker the way the lab's check
-cell does. The learner's code runs only where a handle is sent: in the ranks (``utils.launch.run_ranks``) and, for
-the checkers' steps that call it outside the ranks, in one answer process (``utils.checkers.answer_side``); the
+Each (learner, lab, part) is one *answer*, decided by a *judge* (``python -P -m utils.workshop.grade --judge``,
+``Judge``), a process that reads the notebook without running any of it (``labs.defined_names``: its plain values,
+and a handle, ``answer_side.AnswerRef``, for each function and class) and calls the part's checker the way the lab's
+check cell does. The learner's code runs only where a handle is sent: in the ranks (``utils.launch.run_ranks``) and,
+for the checkers' steps that call it outside the ranks, in one answer process (``utils.checkers.answer_side``); the
 judge reads back what they return as data and tensors only (``utils.launch.restricted``) and decides the verdict
-itself, so nothing an answer raises, prints, writes or patches is the verdict (tests/test_workshop_judge.py). Why
-processes of their own: a learner's code can hang, ``os._exit``, kill itself, print without end or write files, and
-none of that may reach the grader or another learner. So the judge runs outside the sandbox (with ``-P``: not its
-working folder on its import path), and what runs the answer's code, its rank server with every rank, and its answer
-process, runs
+itself, so nothing an answer raises, prints, writes or patches is the verdict (tests/test_workshop_judge.py). Since
+no learner code runs in it, a judge is warm: each worker keeps one and hands it answer after answer (an interpreter,
+torch and the checkers imported once). The judge runs outside the sandbox (``-P``: its import path holds not the
+answer's folder, where the answer's code writes); what runs the answer's code, its own rank server with every rank
+and its own answer process, started for it and ended with it, runs
 
 - in the sandbox of ``utils.workshop.sandbox`` (bubblewrap; ``--no-sandbox`` where it cannot run, with a warning):
   the course read-only without ``labs/solutions``, ``build/`` and ``.git``, neither the submissions nor the
@@ -30,16 +30,14 @@ process, runs
   ``CPU_LIMIT`` seconds of CPU per process, by default its timeout (beyond: ``time``);
 - in a fresh temporary folder, its working directory, ``HOME`` and ``TMPDIR`` (removed afterwards), with
   files it writes capped at ``FILE_LIMIT`` bytes each (``RLIMIT_FSIZE``);
-- with a wall-clock timeout (``Part.timeout``, or ``--timeout``), after which the process and everything
-  under it is killed;
-- with its output read as it comes and only the first and last ``OUTPUT_LIMIT / 2`` bytes kept.
-
-The last three hold for the judge and all under it, by ``utils.launch.children`` (``run_child``), the course's one
-way to run a child and stop its tree.
+- with a wall-clock timeout (``Part.timeout``, or ``--timeout``), after which the judge and everything under it is
+  killed (``utils.launch.children.kill_tree``) and the next answer gets a new judge;
+- with its output (through a pipe of its own, which the judge and the sandbox's processes hold for that answer only)
+  read as it comes and only the first and last ``OUTPUT_LIMIT / 2`` bytes kept.
 
 Its verdict is one of ``VERDICTS``. Answers run on a pool of one worker a core (fewer where memory is short,
-``default_workers``): an answer spends most of its time starting Python and importing torch, on one core, and
-a few seconds in its ranks (measured on 2 cores: 70 answers took 805 s on one worker, 496 s on two).
+``default_workers``); ``overhead_line`` reports what isolating an answer costs (its sandbox, rank server and
+definitions started).
 """
 
 import argparse
@@ -61,7 +59,6 @@ from typing import NamedTuple
 
 from ..checkers.labs import LABS
 from ..hardware import usable_cores
-from ..launch import run_child
 from ..launch.scripts import ROOT
 
 __all__ = ["VERDICTS", "Answer", "Verdict", "Submissions", "LINK", "find_submissions", "lab_world_size", "default_workers",
@@ -111,7 +108,8 @@ class Verdict:
     hint: str = ""
     seconds: float = 0.0
     output: str = ""
-    checking: float = 0.0  # of ``seconds``, the check itself (reading the notebook, the checker, its ranks)
+    checking: float = 0.0  # of ``seconds``, the judge's time on it (reading the notebook, the checker, its ranks)
+    starting: float = 0.0  # of ``checking``, the answer's sandbox and rank server started, its definitions run once
 
     @property
     def label(self):
@@ -229,6 +227,9 @@ def _definitions(*answers):
     return [a.__name__ if hasattr(a, "__name__") else type(a).__name__ for a in answers]
 
 
+STARTED = [None]  # when grade_one's answer had its sandbox, rank server and definitions up (judge_one reports it)
+
+
 def grade_one(notebook, lab, index, world_size, smoke):
     """Grade one part, as the judge: a dict of Verdict's fields (verdict, mistake, message, hint).
 
@@ -240,7 +241,7 @@ def grade_one(notebook, lab, index, world_size, smoke):
     from ..checkers.answer_side import AnswerProcessError, AnswerRef
     from ..checkers.common import LabCheckFailed
     from ..checkers.labs import defined_names
-    from ..launch import RankError, RankTimeoutError, run_ranks
+    from ..launch import RankError, RankTimeoutError, rank_server, run_ranks
 
     part = LABS[lab].parts[index]
     try:
@@ -266,7 +267,12 @@ def grade_one(notebook, lab, index, world_size, smoke):
     refs = [answers[name] for name in part.needs if isinstance(answers[name], AnswerRef)]
     try:
         if refs:  # the definitions, run once in a rank of the sandbox: their own errors named as such
+            # what the notebook and the checker import, imported once by the sandbox's rank server (a module the
+            # answer names is imported there, in the sandbox, never here), so that no rank imports it again
+            rank_server().preload([*(module for kind, module in names.values() if kind == "import"
+                                     and module and not module.startswith(".")), part.checker().__module__])
             run_ranks(_definitions, *refs, world_size=1, process_group=False, verbose=False, timeout=part.timeout)
+        STARTED[0] = time.perf_counter()
         result = part.run(answers, world_size, smoke)
     except RankTimeoutError as err:
         return dict(verdict="timeout", message=f"reading the notebook's definitions did not end: {str(err)[:1000]}",
@@ -295,91 +301,207 @@ def grade_one(notebook, lab, index, world_size, smoke):
     return dict(verdict="pass", message=str(result))
 
 
-def _one(argv):
-    """``--one NOTEBOOK LAB PART RESULT WORLD_SIZE BOX [--smoke]``: judge one part, write the verdict to RESULT.
-
-    BOX: the answer's sandbox as JSON (``sandbox.sandboxed``'s work, readable, hidden, memory, cpu), or ``null``
-    (--no-sandbox). The judge itself runs outside it; its rank server (so every rank) and the answer's process inside.
-    """
-    import resource
+def judge_one(job):
+    """One answer in this judge: ``job`` is run_answer's dict (notebook, lab, index, world_size, smoke, box, work).
+    The judge's folder, environment and sandbox are the answer's for the time of it; its rank server and answer
+    process are the answer's own and end with it. Returns Verdict's fields."""
+    import tempfile as tempfile_module
 
     from ..checkers import answer_side
     from ..launch import server_handle
-    from ..launch.restricted import RESTRICTED_ENV
 
-    notebook, lab, index, result, world_size, box, *smoke = argv
-    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
-    os.environ[RESTRICTED_ENV] = "1"  # the ranks send, and run_ranks reads, data and tensors only
-    box = json.loads(box)
+    os.chdir(job["work"])  # the ranks' working folder, where they write
+    os.environ.update(HOME=job["work"], TMPDIR=job["work"])  # the rendezvous folders of its launches
+    tempfile_module.tempdir = None  # tempfile reads TMPDIR again
+    box = job["box"]
     if box is not None:
         from . import sandbox
 
         wrap = lambda argv: sandbox.sandboxed(argv, **box)  # noqa: E731
-        server_handle.SERVER_WRAPPER = answer_side.PROCESS_WRAPPER = wrap
-    start = time.perf_counter()
+    else:
+        wrap = None
+    server_handle.SERVER_WRAPPER = answer_side.PROCESS_WRAPPER = wrap
+    start = STARTED[0] = time.perf_counter()
     try:
-        fields = grade_one(Path(notebook), lab, int(index), int(world_size), smoke == ["--smoke"])
+        fields = grade_one(Path(job["notebook"]), job["lab"], job["index"], job["world_size"], job["smoke"])
+    except BaseException as err:  # noqa: BLE001 -- the grader's own bug: this answer's verdict, not the judge's end
+        fields = dict(verdict="error", message=f"the grader failed: {type(err).__name__}: {err}",
+                      hint="ask the teacher: this is not your code's verdict.")
     finally:
         answer_side.close_answer_process()
+        server_handle.stop_rank_server()
     fields["message"] = fields["message"][:MESSAGE_LIMIT]
     fields["checking"] = round(time.perf_counter() - start, 2)
-    Path(result).write_text(json.dumps(fields))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # no teardown: the rank server and its ranks end when their socket closes, or with their sandbox
+    fields["starting"] = round(STARTED[0] - start, 2)
+    return fields
+
+
+def _judge(fd):
+    """``--judge FD``: a warm judge. FD is a socket to the grader; each request is one answer's job as JSON, with the
+    write end of a pipe for that answer's output (``socket.recv_fds``). The judge points its stdout and stderr there
+    (its rank server and answer process inherit them; so the pipe ends when the answer's last process has), judges,
+    puts its own stdout back, and answers with the verdict's fields as one JSON line. No learner code runs here, so
+    one judge serves answer after answer: an interpreter and torch imported once, not once an answer."""
+    import resource
+    import socket
+
+    from ..launch.restricted import RESTRICTED_ENV
+    from ..launch.warm import ENV as WARM_ENV
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))  # each file an answer's process writes
+    os.environ[RESTRICTED_ENV] = "1"  # the ranks send, and run_ranks reads, data and tensors only
+    os.environ.pop(WARM_ENV, None)  # never the test suite's warm rank server: it would run outside the sandbox
+    channel = socket.socket(fileno=fd)
+    quiet, errors = os.open(os.devnull, os.O_WRONLY), os.dup(2)  # the judge's own errors: the grader's stderr
+    os.dup2(quiet, 1)
+    while True:
+        message, fds, _, _ = socket.recv_fds(channel, 1 << 20, 1)
+        if not message:
+            return
+        job = json.loads(message)
+        for out in fds:
+            os.dup2(out, 1), os.dup2(out, 2)
+            os.close(out)
+        try:
+            fields = judge_one(job)
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os.dup2(quiet, 1), os.dup2(errors, 2)  # the answer's output pipe is now held by none of ours
+        channel.sendall(json.dumps(fields).encode() + b"\n")
+
+
+class Judge:
+    """The grader's end of a warm judge (``python -P -m utils.workshop.grade --judge FD``): ``run(job, timeout)``
+    returns (fields or None, output, seconds); None when the judge ended or ran past ``timeout`` (it is then killed
+    with everything under it, and the next ``run`` starts a new one). ``close()`` ends it."""
+
+    def __init__(self, env):
+        self.env, self.proc = env, None
+
+    def _start(self):
+        import socket
+
+        self.channel, theirs = socket.socketpair()
+        # -P: the judge's import path holds not its working folder, where an answer's code writes
+        self.proc = subprocess.Popen([sys.executable, "-P", "-m", "utils.workshop.grade", "--judge", str(theirs.fileno())],
+                                     pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     env=self.env, cwd=self.env["HOME"],
+                                     start_new_session=True)
+        theirs.close()
+        self.replies = b""
+
+    def run(self, job, timeout):
+        import select
+        import socket
+
+        from ..launch.children import Output
+
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        read, write = os.pipe()
+        output = Output(OUTPUT_LIMIT)
+        reader = threading.Thread(target=output.read, args=(os.fdopen(read, "rb"),), daemon=True)
+        reader.start()
+        start = time.perf_counter()
+        try:
+            socket.send_fds(self.channel, [json.dumps(job).encode()], [write])
+        except OSError:
+            pass  # the judge is gone: no reply comes, below
+        finally:
+            os.close(write)
+        fields = None
+        while b"\n" not in self.replies:
+            left = timeout - (time.perf_counter() - start)
+            if left <= 0 or not select.select([self.channel], [], [], left)[0]:
+                break
+            chunk = self.channel.recv(1 << 20)
+            if not chunk:
+                break
+            self.replies += chunk
+        if b"\n" in self.replies:
+            line, self.replies = self.replies.split(b"\n", 1)
+            fields = json.loads(line)
+        else:
+            self.close(wait=0)  # ran past its timeout, or ended: it and all under it, at once
+        reader.join(timeout=10)  # the pipe ends with the answer's last process
+        return fields, output.text(), time.perf_counter() - start
+
+    def close(self, wait=15):
+        """End the judge: its channel closed, ``wait`` seconds for it to leave by itself, then it and all under it
+        killed."""
+        from ..launch.children import kill_tree
+
+        if self.proc is not None:
+            self.channel.close()
+            if wait and self.proc.poll() is None:
+                try:
+                    self.proc.wait(timeout=wait)
+                except subprocess.TimeoutExpired:
+                    pass
+            kill_tree([self.proc])
+            self.proc.wait()
+            self.proc = None
 
 
 # --- in the grader -----------------------------------------------------------------------------------------------
 
-def run_answer(answer, index, world_size, smoke=False, timeout=None, sandbox=None, hidden=()):
-    """Grade part ``index`` of ``answer`` in a process of its own (see the module's docstring): a Verdict.
+def judge_env():
+    """The judges' environment: the course on the path, one thread, no rendezvous of the grader's."""
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), HOME=tempfile.gettempdir())
+    env.pop("MASTER_ADDR", None), env.pop("MASTER_PORT", None)
+    return env
 
-    ``sandbox``: run it in ``utils.workshop.sandbox`` (True), not (False), or where bubblewrap works (None);
-    ``hidden``: more folders its sandbox must not see (the submissions, the gradebook)."""
+
+def run_answer(answer, index, world_size, smoke=False, timeout=None, sandbox=None, hidden=(), judge=None):
+    """Grade part ``index`` of ``answer`` (see the module's docstring): a Verdict.
+
+    ``sandbox``: run its code in ``utils.workshop.sandbox`` (True), not (False), or where bubblewrap works (None);
+    ``hidden``: more folders its sandbox must not see (the submissions, the gradebook); ``judge``: a warm ``Judge``
+    to use (``grade`` keeps one a worker), else one is started for this answer and closed after."""
     from . import sandbox as box
 
     part = LABS[answer.lab].parts[index]
     timeout = timeout or part.timeout
     boxed = box.available() is None if sandbox is None else sandbox
-    with tempfile.TemporaryDirectory(prefix="grade-", ignore_cleanup_errors=True) as tmp:
-        work, result = Path(tmp, "work"), Path(tmp, "result.json")
-        work.mkdir()
-        notebook = work / answer.notebook.name  # a copy: the sandbox never sees the submissions
-        shutil.copyfile(answer.notebook, notebook)
-        env = dict(os.environ, HOME=str(work), TMPDIR=str(work), PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg",
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-                   OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-        env.pop("MASTER_ADDR", None), env.pop("MASTER_PORT", None)
-        box = None
-        if boxed:  # the judge runs outside the sandbox; what runs the answer's code (its ranks, its process) inside
-            box = dict(work=str(work), readable=[str(ROOT)], hidden=[str(ROOT / h) for h in HIDDEN] + list(map(str, hidden)),
-                       memory=MEMORY_LIMIT, cpu=CPU_LIMIT or timeout)
-        # -P: the judge's import path holds not its working folder, where the answer's code writes
-        command = [sys.executable, "-P", "-m", "utils.workshop.grade", "--one", str(notebook), answer.lab, str(index),
-                   str(result), str(world_size), json.dumps(box), *(["--smoke"] if smoke else [])]
-        done = run_child(command, timeout, env=env, cwd=work, stdin=subprocess.DEVNULL, limit=OUTPUT_LIMIT, drain=10)
-        verdict = Verdict(answer.learner, answer.lab, part.name, "crash", seconds=round(done.seconds, 1),
-                          output=done.output)
-        if done.timed_out:
-            verdict.verdict, verdict.message = "timeout", f"still running after {timeout:g} s; stopped"
-            verdict.hint = "your code does not return: look for a loop that never ends, or a wait nobody answers."
-        elif result.exists():
-            for key, value in json.loads(result.read_text()).items():
-                setattr(verdict, key, value)
-        else:
-            code = done.code  # the judge's: no answer's code runs in it, so out of memory, or a bug of the grader's
-            how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-            verdict.message = f"the judge ended without a verdict ({how}): the machine out of memory, or the grader's bug"
-            verdict.hint = "ask the teacher: this is not your code's verdict."
-        if verdict.verdict in ("mistake", "error", "crash") and "killed by signal SIGXCPU" in verdict.message:
-            verdict.verdict = "time"  # a rank of the answer's, killed at its CPU limit (utils.launch names the signal)
-            verdict.hint = (f"a process of your answer used {CPU_LIMIT or timeout:g} s of CPU: look for a loop that "
-                            "never ends.")
-        if verdict.verdict in ("mistake", "error", "crash") and any(
-                phrase in verdict.message + verdict.output for phrase in MEMORY_PHRASES):
-            verdict.verdict = "memory"
-            verdict.hint = (f"your answer asked for more memory than the grader allows a process "
-                            f"({MEMORY_LIMIT >> 30} GiB of address space): allocate what the task needs.")
+    own = judge is None
+    judge = judge or Judge(judge_env())
+    try:
+        with tempfile.TemporaryDirectory(prefix="grade-", ignore_cleanup_errors=True) as tmp:
+            work = Path(tmp, "work")
+            work.mkdir()
+            notebook = work / answer.notebook.name  # a copy: the sandbox never sees the submissions
+            shutil.copyfile(answer.notebook, notebook)
+            spec = None
+            if boxed:  # the judge runs outside the sandbox; what runs the answer's code (ranks, answer process) inside
+                spec = dict(work=str(work), readable=[str(ROOT)], memory=MEMORY_LIMIT, cpu=CPU_LIMIT or timeout,
+                            hidden=[str(ROOT / h) for h in HIDDEN] + list(map(str, hidden)))
+            job = dict(notebook=str(notebook), lab=answer.lab, index=index, world_size=world_size, smoke=smoke,
+                       box=spec, work=str(work))
+            fields, output, seconds = judge.run(job, timeout)
+    finally:
+        if own:
+            judge.close()
+    verdict = Verdict(answer.learner, answer.lab, part.name, "crash", seconds=round(seconds, 2), output=output)
+    if fields is not None:
+        for key, value in fields.items():
+            setattr(verdict, key, value)
+    elif seconds >= timeout:
+        verdict.verdict, verdict.message = "timeout", f"still running after {timeout:g} s; stopped"
+        verdict.hint = "your code does not return: look for a loop that never ends, or a wait nobody answers."
+    else:
+        verdict.message = "the judge ended without a verdict: the machine out of memory, or the grader's bug"
+        verdict.hint = "ask the teacher: this is not your code's verdict."
+    if verdict.verdict in ("mistake", "error", "crash") and "killed by signal SIGXCPU" in verdict.message:
+        verdict.verdict = "time"  # a process of the answer's, killed at its CPU limit (utils.launch names the signal)
+        verdict.hint = (f"a process of your answer used {CPU_LIMIT or timeout:g} s of CPU: look for a loop that "
+                        "never ends.")
+    if verdict.verdict in ("mistake", "error", "crash") and any(
+            phrase in verdict.message + verdict.output for phrase in MEMORY_PHRASES):
+        verdict.verdict = "memory"
+        verdict.hint = (f"your answer asked for more memory than the grader allows a process "
+                        f"({MEMORY_LIMIT >> 30} GiB of address space): allocate what the task needs.")
     return verdict
 
 
@@ -391,9 +513,16 @@ def grade(answers, world_size=None, smoke=False, workers=None, timeout=None, log
     jobs = [(a, i) for a in answers for i in range(len(LABS[a.lab].parts))]
     done, lock = [0], threading.Lock()
 
+    local = threading.local()  # each worker's warm judge
+    judges = []
+
     def one(job):
         answer, index = job
-        verdict = run_answer(answer, index, sizes[answer.lab], smoke, timeout, sandbox, hidden)
+        if not hasattr(local, "judge"):
+            local.judge = Judge(judge_env())
+            with lock:
+                judges.append(local.judge)
+        verdict = run_answer(answer, index, sizes[answer.lab], smoke, timeout, sandbox, hidden, judge=local.judge)
         with lock:
             done[0] += 1
             log(f"[{done[0]}/{len(jobs)}] {answer.learner} {answer.lab} {verdict.part}: {verdict.label} "
@@ -401,28 +530,34 @@ def grade(answers, world_size=None, smoke=False, workers=None, timeout=None, log
         return verdict
 
     log(f"grading {len(jobs)} answers ({len(answers)} notebooks) on {workers} worker(s)")
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        verdicts = list(pool.map(one, jobs))
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            verdicts = list(pool.map(one, jobs))
+    finally:
+        for judge in judges:
+            judge.close()
     log(overhead_line(verdicts))
     return verdicts
 
 
 def overhead_line(verdicts):
-    """Per answer, the median of its wall time, of its check, and of the rest: the overhead of isolating it (a fresh
-    interpreter, its imports, the sandbox, the folder made and removed), what warm workers would save."""
+    """Per answer, the medians of its wall time, of the judge's time on it, and of the part of that spent isolating
+    it: its sandbox and rank server started, its definitions run once (``Verdict.starting``), then its answer process
+    for the steps that need one. The judge itself is warm (``Judge``): no interpreter is started per answer but
+    those that run the answer's code."""
     timed = [v for v in verdicts if v.checking]
     if not timed:
         return "per answer: no check finished, no overhead to report"
     med = lambda xs: statistics.median(xs)  # noqa: E731
-    return (f"per answer (median of {len(timed)}): {med([v.seconds for v in timed]):.1f} s, of which the check "
-            f"{med([v.checking for v in timed]):.1f} s and the overhead (interpreter, imports, sandbox) "
-            f"{med([v.seconds - v.checking for v in timed]):.1f} s")
+    return (f"per answer (median of {len(timed)}): {med([v.seconds for v in timed]):.1f} s, of which the judge "
+            f"{med([v.checking for v in timed]):.1f} s, and of that the sandbox, rank server and definitions started "
+            f"{med([v.starting for v in timed]):.1f} s")
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--one"]:  # inside an answer's process (run_answer)
-        return _one(argv[1:])
+    if argv[:1] == ["--judge"]:  # a warm judge (Judge)
+        return _judge(int(argv[1]))
     parser = argparse.ArgumentParser(prog="python -m utils.workshop.grade", description=__doc__.split("\n")[0])
     parser.add_argument("submissions", help="one folder per learner (nbgrader's submitted/)")
     parser.add_argument("out", help="where the gradebook and the feedback go")
