@@ -66,8 +66,8 @@ RING_HINTS = {  # each names the mistake and points to the idea; none gives the 
     "wrong_output": "the ring's output differs from one process's attention although merge and the rule pass "
                     "the checks above (in float32): the ring runs in float64; does merge keep its inputs' dtype "
                     "and use nothing but its four arguments?",
-    "wrong_gradient": "the outputs agree but the gradients of q, k, v do not: keep merge differentiable (no "
-                      "detach, no torch.no_grad, no in-place writes into o1 or l1).",
+    "wrong_gradient": "the outputs agree but the gradients of q, k, v do not: keep merge differentiable, o and l "
+                      "computed from its four arguments by operations autograd records (no detach, no torch.no_grad).",
     "deadlock": "the ring never finished: your functions must return on every rank without waiting for anything.",
 }
 LAYOUTS = ("contiguous", "zigzag")
