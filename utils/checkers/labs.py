@@ -168,17 +168,27 @@ def _kept(tree):
 
 
 def _code_cells(path):
-    """(index, source) of every code cell of the nbformat-4 notebook at ``path``, read as JSON (nbformat's import
-    alone takes half a second, and a grader's every rank reads the notebook: ``answer_side``)."""
+    """(filename, source, syntax tree) of every code cell of the nbformat-4 notebook at ``path``, its IPython magics
+    (``%``, ``!`` lines) left out; read as JSON (nbformat's import alone takes half a second, and a grader's every
+    rank reads the notebook: ``answer_side``). Raises SyntaxError naming the cell that does not parse."""
     import json
 
     cells = json.loads(Path(path).read_text(encoding="utf-8")).get("cells")
     if not isinstance(cells, list):
         raise ValueError(f"{Path(path).name}: no list of cells: not an nbformat-4 notebook (save it again in Jupyter)")
     for index, cell in enumerate(cells):
-        if isinstance(cell, dict) and cell.get("cell_type") == "code":
-            text = cell.get("source", "")
-            yield index, "".join(text) if isinstance(text, list) else str(text)
+        if not (isinstance(cell, dict) and cell.get("cell_type") == "code"):
+            continue
+        text = cell.get("source", "")
+        text = "".join(text) if isinstance(text, list) else str(text)
+        source = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith(("%", "!")))
+        filename = f"{Path(path).name}, cell {index}"
+        try:
+            tree = ast.parse(source, filename=filename)
+        except SyntaxError as err:
+            raise SyntaxError(f"{Path(path).name}, code cell {index} does not parse: {err.msg} (line {err.lineno})") \
+                from None
+        yield filename, source, tree
 
 
 def answers_from_notebook(path, namespace=None):
@@ -188,15 +198,8 @@ def answers_from_notebook(path, namespace=None):
     lab's own: torch, utils); a class body executes, as Python does when it defines a class.
     """
     namespace = {"__name__": f"lab_{Path(path).stem}"} if namespace is None else namespace
-    for index, text in _code_cells(path):
-        source = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith(("%", "!")))
-        try:
-            tree = ast.parse(source, filename=f"{Path(path).name}, cell {index}")
-        except SyntaxError as err:
-            raise SyntaxError(f"{Path(path).name}, code cell {index} does not parse: {err.msg} (line {err.lineno})") \
-                from None
+    for filename, source, tree in _code_cells(path):
         module = ast.Module(body=list(_kept(tree)), type_ignores=[])
-        filename = f"{Path(path).name}, cell {index}"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # a checker quotes the line
         exec(compile(module, filename, "exec"), namespace)
     return namespace
@@ -209,13 +212,7 @@ def defined_names(path):
     (``utils.workshop.grade``) reads a notebook this way, so that no line of it runs where the verdict is decided.
     Raises SyntaxError naming the cell, as ``answers_from_notebook`` does."""
     names = {}
-    for index, text in _code_cells(path):
-        source = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith(("%", "!")))
-        try:
-            tree = ast.parse(source, filename=f"{Path(path).name}, cell {index}")
-        except SyntaxError as err:
-            raise SyntaxError(f"{Path(path).name}, code cell {index} does not parse: {err.msg} (line {err.lineno})") \
-                from None
+    for _, _, tree in _code_cells(path):
         for node in _kept(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 names[node.name] = ("def", type(node).__name__)
