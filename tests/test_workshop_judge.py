@@ -124,3 +124,16 @@ def test_an_answer_cannot_write_its_verdict(learner, tmp_path):
     assert not Path(MARK).exists(), "the answer's code ran where its result was read"
     if learner == "names_its_mistake":
         assert "which no checker names" in verdict.message, verdict.message
+
+
+def test_a_restricted_kernel_refuses_a_result_too_large_unread(monkeypatch):
+    """An answer's rank cannot fill the judge's memory: a message over RESULT_LIMIT is refused before it is read."""
+    import torch
+
+    from utils.launch import RankError, kernel, run_ranks
+
+    monkeypatch.setenv(RESTRICTED_ENV, "1")
+    monkeypatch.setattr(kernel, "RESULT_LIMIT", 10_000)
+    assert run_ranks(lambda: torch.zeros(10).sum().item(), world_size=1, process_group=False, verbose=False) == [0.0]
+    with pytest.raises(RankError, match="more than 10,000 bytes"):
+        run_ranks(lambda: torch.zeros(100_000), world_size=1, process_group=False, verbose=False)

@@ -113,14 +113,14 @@ class _AnswerProcess:
 
     def call(self, module, qualname, args, kwargs):
         __tracebackhide__ = True
-        from ..launch.restricted import Unsendable, loads_plain, loads_tensors
+        from ..launch.restricted import RESULT_LIMIT, Unsendable, loads_plain, loads_tensors
         from .harness import LabCheckFailed
 
         import cloudpickle
 
         try:
             self.conn.send_bytes(cloudpickle.dumps((module, qualname, args, kwargs)))
-            data = self.conn.recv_bytes()
+            data = self.conn.recv_bytes(RESULT_LIMIT)  # more: OSError, then the process is stopped, below
         except (EOFError, OSError):
             try:
                 code = self.proc.wait(timeout=5)

@@ -39,7 +39,7 @@ import cloudpickle
 
 from .errors import RankError, RankOutcome, failure_error, timeout_error
 from .plan import RankSetup, plan_launch
-from .restricted import loads_plain, loads_tensors, restricted
+from .restricted import RESULT_LIMIT, loads_plain, loads_tensors, restricted
 from .server_handle import rank_server
 
 DEFAULT_TIMEOUT = 180.0  # seconds; pass timeout= for longer cells
@@ -140,9 +140,15 @@ class _Rank:
     def read(self, conn):
         if conn is self.result:
             try:
-                data = conn.recv_bytes()
+                data = conn.recv_bytes(RESULT_LIMIT if restricted() else None)
             except EOFError:
                 conn.close()
+                return
+            except OSError:  # longer than RESULT_LIMIT: refused unread (the connection is then unusable)
+                conn.close()
+                self.outcome.report = dict(time=time.monotonic(), type="UnreadableResult", secondary=False,
+                                           message=f"rank {self.rank} sent a result of more than {RESULT_LIMIT:,} bytes",
+                                           traceback="Return plain values of a sensible size.\n")
                 return
             kind, body = _envelope(data, self.rank)
             if kind == "ok":

@@ -25,9 +25,11 @@ import io
 import os
 import pickle
 
-__all__ = ["RESTRICTED_ENV", "safe_classes", "Unsendable", "loads_plain", "dumps_tensors", "loads_tensors", "restricted"]
+__all__ = ["RESTRICTED_ENV", "RESULT_LIMIT", "safe_classes", "Unsendable", "loads_plain", "dumps_tensors", "loads_tensors", "restricted"]
 
 RESTRICTED_ENV = "COURSE_RESTRICTED_RESULTS"
+RESULT_LIMIT = 256 << 20  # bytes of one message a restricted reader takes (a checker's results are a few MB): more
+# is refused, not read, so that an answer cannot fill the grader's memory through it
 
 
 class Unsendable(TypeError):
