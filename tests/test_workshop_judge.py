@@ -8,6 +8,7 @@ tried, and under the old grader managed, to write its own verdict; each must get
 
 import os
 import pickle
+import time
 import uuid
 from pathlib import Path
 
@@ -137,3 +138,138 @@ def test_a_restricted_kernel_refuses_a_result_too_large_unread(monkeypatch):
     assert run_ranks(lambda: torch.zeros(10).sum().item(), world_size=1, process_group=False, verbose=False) == [0.0]
     with pytest.raises(RankError, match="more than 10,000 bytes"):
         run_ranks(lambda: torch.zeros(100_000), world_size=1, process_group=False, verbose=False)
+
+
+def _hangs():
+    import time as time_
+
+    time_.sleep(600)  # where a hang report must find each rank
+
+
+@pytest.mark.skipif(not SANDBOX, reason="the rank server in a sandbox of its own")
+def test_a_sandboxed_servers_ranks_are_signalled_by_the_server(tmp_path, monkeypatch):
+    """The ranks of a server in a sandbox are numbered in its own process namespace: the kernel asks the server to
+    signal them (a hang's stack dump, the kill), never signals those numbers itself, which are other processes here
+    (review of issue 37: a judge killed the teacher's process groups 3, 4 and 5)."""
+    from utils.launch import RankTimeoutError, run_ranks, server_handle
+    from utils.workshop import sandbox
+
+    bystander = __import__("subprocess").Popen(["sleep", "600"], start_new_session=True)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setattr(server_handle, "SERVER_WRAPPER", lambda argv: sandbox.sandboxed(argv, work,
+                                                                                       readable=[grader.ROOT]))
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("TMPDIR", str(work))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    server_handle.stop_rank_server()
+    try:
+        with pytest.raises(RankTimeoutError) as stuck:
+            run_ranks(_hangs, world_size=2, process_group=False, verbose=False, timeout=8)
+    finally:
+        server_handle.stop_rank_server()
+    assert str(stuck.value).count("in _hangs") == 2, str(stuck.value)[-3000:]  # each rank's stack, dumped
+    assert bystander.poll() is None, "a process outside the sandbox was signalled"
+    bystander.kill()
+
+
+# ---- review of issue 37, part 3: what a hostile reader found, planted ------------------------------------------
+ESCAPE = '''import os, utils
+class _Plant:  # where the definitions run first (the probe rank): links where the sandbox's own folders once were
+    _root = os.path.dirname(os.path.dirname(utils.__file__))
+    for _name, _target in ((".sandbox-tmp", _root + "/labs/solutions"), (".sandbox-shm", HOST),
+                           (".sandbox-empty", VICTIM)):
+        _path = os.path.join(os.getcwd(), _name)
+        if os.path.isdir(_path) and not os.path.islink(_path):
+            os.rename(_path, _path + "-old")
+        elif os.path.isfile(_path) and not os.path.islink(_path):
+            os.remove(_path)
+        if not os.path.lexists(_path):
+            os.symlink(_target, _path)
+
+def make_buckets(params, bucket_numel):
+    import importlib.util
+    if os.path.exists("/tmp/zero.py"):  # the answer process's /tmp would be labs/solutions
+        open("/dev/shm/WRITTEN", "w").write("from the sandbox")
+        spec = importlib.util.spec_from_file_location("stolen", "/tmp/zero.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.make_buckets(params, bucket_numel)
+    raise NotImplementedError("a stub")
+'''
+BOMB = '''import utils.launch.rank as _r
+
+def _leave(result, message, code, _orig=_r._leave):
+    nested = []
+    for _ in range(24):
+        nested = [nested, nested]  # a few bytes pickled; as a string, 2**24 leaves
+    return _orig(result, ("error", dict(time=0.0, type="X", message=nested, traceback="t", secondary=False)), 1)
+
+class _Patch:
+    _r._leave = _leave
+
+def halving_reduce_scatter(tensor):
+    raise NotImplementedError("a stub")
+'''
+FORGED_RANK = '''import utils.checkers.halving_doubling as _hd
+
+def _forged(fn, kind, cases, name, log_dir=None):
+    import torch.distributed as dist
+    from utils.checkers.halving_reduce_scatter import halving_plan
+    from utils.checkers.halving_doubling import inputs
+    rank, n, out = dist.get_rank(), dist.get_world_size(), []
+    for numel, dtype in cases:
+        original = inputs(rank, numel, dtype)
+        dests, elements = halving_plan(numel, n)[rank]
+        out.append(dict(original=original, expected=original.clone(), got=original.clone(), error=None,
+                        sends=[(d, 0) for d in dests], returned=None, sent=elements * original.element_size(),
+                        ops=[], calls=[]))
+    return out
+
+class _Patch:  # in the rank: the checker's own rank function replaced
+    _hd.on_rank.__code__ = _forged.__code__
+
+def halving_reduce_scatter(tensor):
+    raise NotImplementedError("a stub")
+'''
+HOSTILE = {
+    "escapes_by_link": ("03_zero_lab", "make_buckets", ESCAPE, "not written yet"),
+    "exits_200": ("03_zero_lab", "make_buckets", "import os\n\ndef make_buckets(params, bucket_numel):\n    os._exit(200)\n",
+                  "crash"),
+    "unhashable_literal": ("03_zero_lab", "make_buckets", "BAD = {[1]}\n\ndef make_buckets(params, bucket_numel):\n"
+                           "    raise NotImplementedError('a stub')\n", "does not parse"),
+    "sends_a_string_bomb": ("01a_halving_reduce_scatter_lab", "halving_reduce_scatter", BOMB, "error"),
+}
+
+
+@pytest.mark.skipif(not SANDBOX, reason="the sandbox's own folders, and its limits")
+@pytest.mark.parametrize("learner", sorted(HOSTILE))
+def test_what_a_hostile_reader_planted(learner, tmp_path):
+    lab, name, source, want = HOSTILE[learner]
+    host, victim = tmp_path / "host", tmp_path / "victim.txt"
+    host.mkdir()
+    victim.write_text("the teacher's file")
+    source = source.replace("HOST", repr(str(host))).replace("VICTIM", repr(str(victim)))
+    path = tmp_path / learner / f"{lab}.ipynb"
+    path.parent.mkdir()
+    nbformat.write(notebook_with(lab, {name: source}), str(path))
+    start = time.perf_counter()
+    verdict = grader.run_answer(grader.Answer(learner, lab, path, "x"), 0, world_size=2, smoke=True, timeout=240,
+                                sandbox=True)
+    assert cell([verdict]) == want, (verdict.label, verdict.message[:2000], verdict.output[-2000:])
+    assert not list(host.iterdir()) and victim.read_text() == "the teacher's file", "the sandbox was left"
+    assert time.perf_counter() - start < 120, "a message took the judge minutes to read"
+
+
+@pytest.mark.skipif(not SANDBOX, reason="the ranks in the sandbox")
+@pytest.mark.xfail(strict=True, reason="issue 37, part 3, open: a checker's rank function runs beside the answer's "
+                   "code in the rank, computes its references there and reports what it observed; an answer that "
+                   "replaces it makes a stub pass. The fix: references computed by the judge from inputs it alone "
+                   "holds, the ranks' reports taken as observations only")
+def test_a_stub_that_replaces_the_checkers_rank_function_does_not_pass(tmp_path):
+    path = tmp_path / "forger" / "01a_halving_reduce_scatter_lab.ipynb"
+    path.parent.mkdir()
+    nbformat.write(notebook_with("01a_halving_reduce_scatter_lab", {"halving_reduce_scatter": FORGED_RANK}), str(path))
+    verdict = grader.run_answer(grader.Answer("forger", "01a_halving_reduce_scatter_lab", path, "x"), 0, world_size=2,
+                                smoke=True, timeout=240, sandbox=True)
+    assert verdict.verdict != "pass", verdict

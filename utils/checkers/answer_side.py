@@ -127,7 +127,7 @@ class _AnswerProcess:
             except subprocess.TimeoutExpired:  # it closed the socket and goes on: stopped
                 self.proc.kill()
                 code = self.proc.wait()
-            if PROCESS_WRAPPER is not None and code > 128:  # a sandbox (bwrap) exits with 128 + the signal
+            if PROCESS_WRAPPER is not None and 128 < code <= 128 + 64:  # a sandbox (bwrap): 128 + the signal
                 code = 128 - code
             raise AnswerProcessError(f"the answer's process ended ({_how(code)}) while running {qualname}",
                                      code) from None
@@ -142,14 +142,14 @@ class _AnswerProcess:
         if kind == "unsendable":  # the step's value, as the checker's own type checks will name it (not_ops, ...)
             return Unsendable(*body) if isinstance(body, tuple) and len(body) == 2 else Unsendable("value", body)
         if kind == "failed" and isinstance(body, dict):
+            body = {key: _text(body.get(key)) for key in ("mistake", "what", "hint")}  # strings, cut: no bomb
             if body.get("mistake") not in known_mistakes():  # an answer that raised the checker's exception itself
                 raise AnswerProcessError(f"{qualname}: the answer's process named the mistake {body.get('mistake')!r}, "
                                          "which no checker names: the answer raised the checker's exception itself")
-            raise LabCheckFailed(str(body["mistake"]), str(body["what"]), str(body["hint"]), body.get("world_size"),
-                                 body.get("evidence"))
+            raise LabCheckFailed(body["mistake"], body["what"], body["hint"])
         if kind == "stub":
-            raise NotImplementedError(str(body))
-        raise AnswerProcessError(f"{qualname} raised in the answer's process: {body}")
+            raise NotImplementedError(_text(body))
+        raise AnswerProcessError(f"{qualname} raised in the answer's process: {_text(body)}")
 
     def close(self):
         self.conn.close()
@@ -160,10 +160,19 @@ class _AnswerProcess:
             self.proc.wait()
 
 
+def _text(value, limit=4000):
+    """What the answer's process sent as text: a string, cut at ``limit``; anything else only named (turning a deep
+    list into a string can take the judge's memory and minutes)."""
+    return value[:limit] if isinstance(value, str) else f"<a {type(value).__name__}, not text>"
+
+
 def _how(code):
     import signal
 
-    return f"killed by signal {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
+    try:
+        return f"killed by signal {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
+    except ValueError:  # not a signal Python names
+        return f"killed by signal {-code}"
 
 
 def known_mistakes():

@@ -179,14 +179,7 @@ class _Rank:
         own ranks), even after it ended; a group's number is never reused while the group exists."""
         running = self.exitcode is None
         self.outcome.killed |= running
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):  # no group (yet): the rank alone, if it still runs
-            if running:
-                try:
-                    os.kill(self.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        self.server.signal(self.pid, signal.SIGKILL, group=True, alone=running)
 
     def close(self):
         for conn in (self.result, *self.streams.values()):
@@ -207,8 +200,10 @@ def _envelope(data, rank):
         kind, body = loads_plain(data)
         if kind == "ok":
             return kind, loads_tensors(body) if restricted() else cloudpickle.loads(body)
-        report = dict(time=float(body["time"]), type=str(body["type"]), message=str(body["message"]),
-                      traceback=str(body["traceback"]), secondary=bool(body["secondary"]))
+        if not all(isinstance(body[key], str) for key in ("type", "message", "traceback")):
+            raise TypeError("a report's type, message and traceback are text")
+        report = dict(time=float(body["time"]), type=body["type"][:200], message=body["message"][:20_000],
+                      traceback=body["traceback"][:50_000], secondary=body["secondary"] is True)
         return "error", report
     except Exception as err:  # noqa: BLE001 -- whatever a rank sent that is not the launcher's message
         return "error", dict(time=time.monotonic(), type="UnreadableResult", secondary=False,
@@ -243,7 +238,7 @@ def _watch(ranks, plan, timeout, server):
     if hung:
         for r in hung:  # faulthandler in each rank prints its stack on SIGUSR1
             r.capture = []
-            os.kill(r.pid, signal.SIGUSR1)
+            r.server.signal(r.pid, signal.SIGUSR1)
         _pump(hung, server, time.monotonic() + STACK_DUMP_WAIT)
         _stop(ranks, server)
         raise timeout_error([r.final() for r in ranks], plan.world_size, timeout)

@@ -18,6 +18,8 @@ The kernel talks to it over a Unix socket (``FD``), one pickled message at a tim
 - ``("preload", modules, env, sys_path)``: import these too, once; answers ``("preloaded", errors)``;
 - ``("launch", setup, payload)``, followed by three file descriptors (the rank's result, stdout
   and stderr pipes): fork a rank that runs ``rank.rank_main``; answers ``("started", pid)``;
+- ``("signal", pid, signum, group, alone)``: send a rank (or its process group) a signal: a server in a sandbox
+  has a process namespace of its own, so only it knows which process a rank's number is;
 - and, whenever a rank ends, the server says ``("exited", pid, exit_code)`` by itself.
 
 When the kernel goes away (the socket closes) the server kills its ranks and exits; Linux also
@@ -36,6 +38,7 @@ import sys
 from multiprocessing.connection import Connection, wait
 
 from .rank import die_with_parent, rank_main
+from .server_handle import send_signal
 
 PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "torch.nn.functional", "cloudpickle", "numpy")
 
@@ -76,6 +79,10 @@ def main(fd: int):
             os.environ.update(env)
             sys.path[:] = sys_path
             conn.send(("preloaded", _preload(modules)))
+        elif message[0] == "signal":  # to one of our ranks, in our own process namespace (server_handle.signal)
+            _, pid, signum, group, alone = message
+            if pid in children or group:
+                send_signal(pid, signum, group, alone)
         elif message[0] == "launch":
             _, setup, payload = message
             _, fds, _, _ = socket.recv_fds(sock, 1, 3)

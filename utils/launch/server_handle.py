@@ -54,6 +54,22 @@ def stop_rank_server():
         _SERVER = None
 
 
+def send_signal(pid, signum, group=False, alone=True):
+    """``signum`` to the process group ``pid`` leads (``group``), or where it has none (yet) to ``pid`` itself if
+    ``alone``; to ``pid`` only without ``group``. A process already gone is no error."""
+    if group:
+        try:
+            os.killpg(pid, signum)
+            return
+        except (ProcessLookupError, PermissionError):
+            if not alone:
+                return
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
 class RankServer:
     """Starts ``python -m utils.launch.server`` and speaks its protocol (see server.py)."""
 
@@ -109,6 +125,17 @@ class RankServer:
         self.conn.send(("launch", setup, payload))
         socket.send_fds(self.sock, [b"F"], fds)
         return self._reply("started")[1]
+
+    def signal(self, pid, signum, group=False, alone=True):
+        """Signal a rank (``send_signal``). A server in a sandbox numbers its ranks in its own process namespace, where
+        the same number is another process here: it is asked to send the signal itself."""
+        if SERVER_WRAPPER is None:
+            send_signal(pid, signum, group, alone)
+        else:
+            try:
+                self.conn.send(("signal", pid, int(signum), group, alone))
+            except OSError:  # the server is gone, and its ranks with it (PR_SET_PDEATHSIG)
+                pass
 
     def poll(self, timeout=0.0):
         """Read the server's messages that are waiting (or arrive within ``timeout``)."""

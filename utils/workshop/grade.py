@@ -251,8 +251,8 @@ def grade_one(notebook, lab, index, world_size, smoke):
                     hint="open it in Jupyter; if it does not open, save it again and submit that copy.")
     try:
         names = defined_names(notebook)
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
-        return dict(verdict="unparsable", message=str(err)[:MESSAGE_LIMIT],
+    except Exception as err:  # noqa: BLE001 -- a cell that does not parse, a literal ast.literal_eval refuses ({[1]})
+        return dict(verdict="unparsable", message=f"{type(err).__name__}: {str(err)[:MESSAGE_LIMIT]}",
                     hint="run the notebook from the top; fix the cell named.")
     missing = [name for name in part.needs if name not in names]
     if missing:
@@ -447,8 +447,11 @@ class Judge:
 
 def judge_env():
     """The judges' environment: the course on the path, one thread, no rendezvous of the grader's."""
+    def absolute(variable):  # an empty or relative entry is the judge's folder, where an answer's code writes
+        return [p for p in os.environ.get(variable, "").split(os.pathsep) if os.path.isabs(p)]
+
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               PYTHONPATH=os.pathsep.join([str(ROOT), *absolute("PYTHONPATH")]), PATH=os.pathsep.join(absolute("PATH")),
                OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), HOME=tempfile.gettempdir())
     env.pop("MASTER_ADDR", None), env.pop("MASTER_PORT", None)
     return env

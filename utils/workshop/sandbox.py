@@ -8,11 +8,13 @@ allow) under ``prlimit`` (util-linux). Inside, the program sees
 - not the folders and files in ``hidden`` (an empty read-only folder, or an empty file, in their place): the labs'
   solutions, ``build/`` (the gradebook, the release), ``.git``, and whatever the caller adds (the submissions, other
   learners);
-- ``work``, its own folder, read-write, and a private ``/tmp`` and ``/dev/shm``: folders of ``work``, so they lie
-  where ``work`` does (the grader's temporary folder: on disk unless the host's is itself a tmpfs), not in a tmpfs
-  of bwrap's own, which would hold what is written there in memory that the memory limit does not count. Each file
-  written is capped by the caller (the grader: ``RLIMIT_FSIZE``), their number is not; a fresh ``/proc`` and
-  ``/dev``;
+- ``work``, its own folder, read-write, and a private ``/tmp`` and ``/dev/shm``: fresh folders beside ``work``
+  (never in it, where earlier code could have left a symlink), so they lie where ``work`` does (the grader's
+  temporary folder: on disk unless the host's is itself a tmpfs), not in a tmpfs of bwrap's own, which would hold
+  what is written there in memory that the memory limit does not count. Each file written is capped by the caller
+  (the grader: ``RLIMIT_FSIZE``), their number is not; a fresh ``/proc`` and ``/dev``;
+- a user of its own, uid and gid 65534 inside (``--unshare-user``), with no capability (``--cap-drop ALL``), also
+  when the grader runs as root: with root's capabilities a program could unmount what hides the solutions;
 - no network but its own loopback (``--unshare-net``: gloo's ranks still talk over 127.0.0.1);
 - its own process namespace (``--unshare-pid``): when the program ends, every process it started ends with it,
   a daemon that double-forked or called ``setsid`` included (the kernel kills a namespace with its first process);
@@ -35,6 +37,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 __all__ = ["SYSTEM", "available", "sandboxed"]
@@ -49,7 +52,8 @@ def available():
         if shutil.which(tool) is None:
             return f"no `{tool}` on PATH: {INSTALL_HINT if tool == 'bwrap' else 'install util-linux'}"
     try:
-        done = subprocess.run(["bwrap", "--ro-bind", "/", "/", "--unshare-pid", "--unshare-net", "true"],
+        done = subprocess.run(["bwrap", "--unshare-user", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL",
+                               "--ro-bind", "/", "/", "--unshare-pid", "--unshare-net", "true"],
                               capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as err:
         return f"bwrap did not run: {err}"
@@ -85,22 +89,27 @@ def sandboxed(argv, work, readable=(), hidden=(), memory=None, cpu=None, net=Fal
         if path not in seen and not any(path.startswith(s + os.sep) for s in SYSTEM) and os.path.exists(path):
             seen.add(path)
             binds += ["--ro-bind", path, path]
+    # What the sandbox gets of its own (its /tmp, its /dev/shm, the empty file bound over a hidden one) is made fresh
+    # here, beside ``work``, not in it: code that ran in an earlier sandbox of the same ``work`` could have put a
+    # symlink where such a path would be, and bwrap, or this function, would follow it out of the sandbox.
+    own = tempfile.mkdtemp(prefix=".sandbox-", dir=os.path.dirname(work))
     for path in map(str, hidden):
         path = str(Path(path).resolve())
         if os.path.isdir(path):  # an empty folder in its place, read-only: nothing written there lands in memory
             binds += ["--tmpfs", path, "--remount-ro", path]
         elif os.path.isfile(path):  # an empty file in its place (not /dev/null: bwrap's binds are nodev)
-            empty = os.path.join(work, ".sandbox-empty")
+            empty = os.path.join(own, "empty")
             open(empty, "w").close()
             binds += ["--ro-bind", empty, path]
-    # The program's /tmp and /dev/shm are folders of ``work``, on disk: a tmpfs would hold what is written there in
-    # memory that no RLIMIT_AS counts. /proc, /dev and /tmp first: a folder given under the host's /tmp is then bound
-    # on top of them.
+    # The program's /tmp and /dev/shm are folders on disk: a tmpfs would hold what is written there in memory that no
+    # RLIMIT_AS counts. /proc, /dev and /tmp first: a folder given under the host's /tmp is then bound on top of them.
     private = {}
     for name in ("tmp", "shm"):
-        private[name] = os.path.join(work, f".sandbox-{name}")
-        os.makedirs(private[name], exist_ok=True)
-    command = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+        private[name] = os.path.join(own, name)
+        os.mkdir(private[name])
+    # A user of its own (uid and gid 65534 inside) and no capability: started by root, bwrap would otherwise keep
+    # root's capabilities inside, and CAP_SYS_ADMIN undoes every bind (umount a hidden folder, remount the course rw)
+    command = ["bwrap", "--unshare-user", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                "--unshare-cgroup-try", *([] if net else ["--unshare-net"]), "--proc", "/proc", "--dev", "/dev",
                *[a for d in devices for a in ("--dev-bind-try", str(d), str(d))],
                *(["--ro-bind-try", "/sys", "/sys"] if devices else []),
