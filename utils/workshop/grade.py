@@ -17,7 +17,9 @@ and a handle, ``answer_side.AnswerRef``, for each function and class) and calls 
 check cell does. The learner's code runs only where a handle is sent: in the ranks (``utils.launch.run_ranks``) and,
 for the checkers' steps that call it outside the ranks, in one answer process (``utils.checkers.answer_side``); the
 judge reads back what they return as data and tensors only (``utils.launch.restricted``) and decides the verdict
-itself, so nothing an answer raises, prints, writes or patches is the verdict (tests/test_workshop_judge.py). Since
+itself: what an answer raises, prints or writes, or patches in the judge's view, is not the verdict
+(tests/test_workshop_judge.py). Not yet: a checker's rank function runs beside the answer in its rank and computes its
+references there, so an answer that replaces it can forge what the judge compares (issue 37, part 3, open). Since
 no learner code runs in it, a judge is warm: each worker keeps one and hands it answer after answer (an interpreter,
 torch and the checkers imported once). The judge runs outside the sandbox (``-P``: its import path holds not the
 answer's folder, where the answer's code writes); what runs the answer's code, its own rank server with every rank
