@@ -99,11 +99,18 @@ def _submit(folder, learner, source):
 
 
 def test_output_is_kept_head_and_tail():
-    """An answer's output as run_answer keeps it (``utils.launch.run_child`` with a ``limit``, here 100 bytes)."""
-    from utils.launch import run_child
+    """An answer's output as a judge keeps it (``utils.launch.children.Output`` with a ``limit``, here 100 bytes,
+    reading the answer's own pipe)."""
+    import subprocess
+
+    from utils.launch.children import Output
 
     prints = "import sys; sys.stdout.write('a' * 60 + 'b' * 10_000 + 'c' * 60)"
-    text = run_child([sys.executable, "-c", prints], 60, limit=100).output
+    output = Output(100)
+    child = subprocess.Popen([sys.executable, "-c", prints], stdout=subprocess.PIPE)
+    output.read(child.stdout)
+    child.wait()
+    text = output.text()
     assert text.startswith("a" * 50) and text.endswith("c" * 50) and "10,020 bytes of output left out" in text
     assert len(text) < 200
 
@@ -292,7 +299,7 @@ def test_bad_submissions_are_verdicts_and_touch_nothing_outside(tmp_path):
     assert got == {learner: want for learner, (_, want) in BAD.items()}
     assert verdicts[-1].verdict == "pass", verdicts[-1]
     # What "stopped, not waited for" means, in numbers that hold on a loaded 2-core machine: an answer is killed at
-    # its timeout, its whole tree at once, then run_answer waits at most 10 s (its ``drain``) for the output's end;
+    # its timeout, its judge's whole tree at once, then run_answer waits at most 10 s for the output pipe's end;
     # STOP_MARGIN adds 5 s for a busy machine to wake the grader's thread. And the grader waits for nothing but its
     # answers: on 2 workers dealing the answers out as they free up (a list schedule), the wall time is at most
     # sum/2 + max/2 of the answers' own times (Graham's bound), each with PER_ANSWER s of the grader's own work (a

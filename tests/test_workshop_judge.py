@@ -273,3 +273,21 @@ def test_a_stub_that_replaces_the_checkers_rank_function_does_not_pass(tmp_path)
     verdict = grader.run_answer(grader.Answer("forger", "01a_halving_reduce_scatter_lab", path, "x"), 0, world_size=2,
                                 smoke=True, timeout=240, sandbox=True)
     assert verdict.verdict != "pass", verdict
+
+
+def test_the_judge_quotes_only_the_lines_it_holds(tmp_path, monkeypatch):
+    """A rank's traceback may name any file (the solutions, a classmate's notebook, a file an earlier answer wrote
+    in the judge's folder): a judge never opens it to quote a line; it quotes the answer's own cells, which
+    ``judge_one`` puts in ``linecache`` after clearing what an earlier answer left there (review of issue 37)."""
+    import linecache
+
+    from utils.launch.restricted import quoted_line
+
+    secret = tmp_path / "solution.py"
+    secret.write_text("the reference's line\n")
+    assert quoted_line(str(secret), 1) == "the reference's line"  # a notebook kernel reads it, as before
+    monkeypatch.setenv(RESTRICTED_ENV, "1")
+    linecache.clearcache()
+    assert quoted_line(str(secret), 1) == ""
+    linecache.cache["06_pipeline_lab.ipynb, cell 3"] = (10, None, ["x = 1\n", "y = 2\n"], "06_pipeline_lab.ipynb, cell 3")
+    assert quoted_line("06_pipeline_lab.ipynb, cell 3", 2) == "y = 2" and quoted_line("06_pipeline_lab.ipynb, cell 3", 9) == ""

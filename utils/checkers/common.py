@@ -21,7 +21,6 @@ hang usually means in that lab.
 """
 
 import dataclasses
-import linecache
 import re
 import warnings
 
@@ -29,6 +28,7 @@ import torch
 
 from ..launch import RankError, RankTimeoutError, run_ranks
 from ..launch.report import FRAME
+from ..launch.restricted import quoted_line
 from .harness import (GENERIC_HINT, RAISED_HINT, LabCheckFailed, answer_line, caught,  # noqa: F401
                       first_error, is_learners, learner_call, raise_if_error)
 from .watch import TAMPER_HINT, watched_call  # noqa: F401 - every checker imports the harness from here
@@ -84,7 +84,7 @@ ANY_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+),? in (?P<fn>
 
 
 def _frame_text(frame):
-    source = linecache.getline(frame["file"], int(frame["line"])).strip()
+    source = quoted_line(frame["file"], int(frame["line"]))
     return f"{frame['fn']}, line {frame['line']}" + (f": {source}" if source else "")
 
 

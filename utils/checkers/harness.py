@@ -20,13 +20,14 @@ A rank that dies or hangs is ``launch_answer``'s business (``common``); the watc
 ``watch``'s.
 """
 
-import linecache
 import os
 import sys
 import sysconfig
 
 import torch
 import torch.distributed as dist
+
+from ..launch.restricted import quoted_line
 
 __all__ = ["LabCheckFailed", "RAISED_HINT", "answer_line", "is_learners", "is_utils", "learner_call", "caught",
            "first_error", "raise_if_error"]
@@ -86,7 +87,7 @@ def answer_line(exc):
     if found is None:
         return None
     filename, line = found
-    source = linecache.getline(filename, line).strip()
+    source = quoted_line(filename, line)
     return f"{filename}, line {line}" + (f": {source}" if source else "")
 
 

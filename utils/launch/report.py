@@ -6,12 +6,12 @@ outlast the timeout, and ``RankError`` when a rank raises (its first line names 
 ``run_broken`` catches both and returns the error as a value; ``summary`` prints the part that matters.
 """
 
-import linecache
 import re
 import time
 
 from .errors import RankError, RankTimeoutError
 from .kernel import run_ranks
+from .restricted import quoted_line
 
 # faulthandler's lines look like: File "/path/to/file.py", line 12 in all_reduce (innermost first). A notebook's
 # cells are in linecache, so the line number of a program's frame gives back its source.
@@ -37,7 +37,7 @@ def where(stack):
         return stack.strip().splitlines()[0] if stack.strip() else "?"
     ours = next((f for f in frames if not re.search(r"(site|dist)-packages|<frozen", f["file"])), frames[-1])
     torch_call = frames[0]["fn"]  # the innermost Python frame: the torch function the rank is waiting in
-    source = linecache.getline(ours["file"], int(ours["line"])).strip()
+    source = quoted_line(ours["file"], int(ours["line"]))
     return f"in {torch_call:<17} called from {ours['fn']}: {source}"
 
 

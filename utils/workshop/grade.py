@@ -307,11 +307,17 @@ def judge_one(job):
     """One answer in this judge: ``job`` is run_answer's dict (notebook, lab, index, world_size, smoke, box, work).
     The judge's folder, environment and sandbox are the answer's for the time of it; its rank server and answer
     process are the answer's own and end with it. Returns Verdict's fields."""
+    import linecache
     import tempfile as tempfile_module
+
+    from ..checkers.labs import _code_cells
 
     from ..checkers import answer_side
     from ..launch import server_handle
 
+    linecache.clearcache()  # what an earlier answer's report read; then this answer's cells, the lines it may quote
+    for filename, source, _ in _code_cells(job["notebook"]):  # (read, not run; before any of its code runs)
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     os.chdir(job["work"])  # the ranks' working folder, where they write
     os.environ.update(HOME=job["work"], TMPDIR=job["work"])  # the rendezvous folders of its launches
     tempfile_module.tempdir = None  # tempfile reads TMPDIR again
@@ -374,8 +380,8 @@ def _judge(fd):
 
 class Judge:
     """The grader's end of a warm judge (``python -P -m utils.workshop.grade --judge FD``): ``run(job, timeout)``
-    returns (fields or None, output, seconds); None when the judge ended or ran past ``timeout`` (it is then killed
-    with everything under it, and the next ``run`` starts a new one). ``close()`` ends it."""
+    returns (fields or None, output, seconds, timed out); fields None when the judge ended or ran past ``timeout`` (it
+    is then killed with everything under it, and the next ``run`` starts a new one). ``close()`` ends it."""
 
     def __init__(self, env):
         self.env, self.proc = env, None
@@ -420,13 +426,15 @@ class Judge:
             if not chunk:
                 break
             self.replies += chunk
+        timed_out = False
         if b"\n" in self.replies:
             line, self.replies = self.replies.split(b"\n", 1)
             fields = json.loads(line)
         else:
-            self.close(wait=0)  # ran past its timeout, or ended: it and all under it, at once
+            timed_out = self.proc.poll() is None  # still judging: past its timeout (else it ended by itself)
+            self.close(wait=0)  # it and all under it, at once
         reader.join(timeout=10)  # the pipe ends with the answer's last process
-        return fields, output.text(), time.perf_counter() - start
+        return fields, output.text(), time.perf_counter() - start, timed_out
 
     def close(self, wait=15):
         """End the judge: its channel closed, ``wait`` seconds for it to leave by itself, then it and all under it
@@ -484,7 +492,7 @@ def run_answer(answer, index, world_size, smoke=False, timeout=None, sandbox=Non
                             hidden=[str(ROOT / h) for h in HIDDEN] + list(map(str, hidden)))
             job = dict(notebook=str(notebook), lab=answer.lab, index=index, world_size=world_size, smoke=smoke,
                        box=spec, work=str(work))
-            fields, output, seconds = judge.run(job, timeout)
+            fields, output, seconds, timed_out = judge.run(job, timeout)
     finally:
         if own:
             judge.close()
@@ -492,7 +500,7 @@ def run_answer(answer, index, world_size, smoke=False, timeout=None, sandbox=Non
     if fields is not None:
         for key, value in fields.items():
             setattr(verdict, key, value)
-    elif seconds >= timeout:
+    elif timed_out:
         verdict.verdict, verdict.message = "timeout", f"still running after {timeout:g} s; stopped"
         verdict.hint = "your code does not return: look for a loop that never ends, or a wait nobody answers."
     else:
@@ -546,10 +554,10 @@ def grade(answers, world_size=None, smoke=False, workers=None, timeout=None, log
 
 
 def overhead_line(verdicts):
-    """Per answer, the medians of its wall time, of the judge's time on it, and of the part of that spent isolating
-    it: its sandbox and rank server started, its definitions run once (``Verdict.starting``), then its answer process
-    for the steps that need one. The judge itself is warm (``Judge``): no interpreter is started per answer but
-    those that run the answer's code."""
+    """Per answer, the medians of its wall time, of the judge's time on it, and of the part of that spent starting its
+    isolation: its sandbox and rank server started, its definitions run once (``Verdict.starting``; not counted: the
+    answer process that four parts start later, and the stopping of both). The judge itself is warm (``Judge``): no
+    interpreter is started per answer but those that run the answer's code."""
     timed = [v for v in verdicts if v.checking]
     if not timed:
         return "per answer: no check finished, no overhead to report"
