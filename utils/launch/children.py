@@ -31,7 +31,7 @@ from pathlib import Path
 
 import psutil
 
-__all__ = ["ChildResult", "Child", "Output", "start_child", "run_child", "run_children", "kill_tree"]
+__all__ = ["ChildResult", "Child", "Output", "start_child", "run_child", "run_children", "kill_tree", "send_signal"]
 
 POLL = 0.2  # seconds between looks at several children (or one whose lines we echo or test with ``until``)
 DRAIN = 30  # seconds to wait, once the tree is killed, for the output's end (a process that left it may hold the pipe)
@@ -246,6 +246,22 @@ def _wait(children, timeout, until=None, echo=False, prefix="", lines=None, drai
     seconds = time.perf_counter() - start_time
     return [ChildResult(child.command, None if was_alive else child.proc.returncode, child.output.text(), seconds,
                      stopped) for child, was_alive in zip(children, alive)]
+
+
+def send_signal(pid, signum, group=False, alone=True):
+    """``signum`` to the process group ``pid`` leads (``group``), or where it has none (yet) to ``pid`` itself if
+    ``alone``; to ``pid`` only without ``group``. A process already gone is no error."""
+    if group:
+        try:
+            os.killpg(pid, signum)
+            return
+        except (ProcessLookupError, PermissionError):
+            if not alone:
+                return
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
 
 
 def kill_tree(procs):

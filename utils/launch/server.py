@@ -38,7 +38,7 @@ import sys
 from multiprocessing.connection import Connection, wait
 
 from .rank import die_with_parent, rank_main
-from .server_handle import send_signal
+from .children import send_signal
 
 PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "torch.nn.functional", "cloudpickle", "numpy")
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from multiprocessing.connection import Connection
 
+from .children import send_signal
 from .restricted import loads_plain
 from .warm import ENV as WARM_ENV
 from .warm import fork_rank_server
@@ -52,22 +53,6 @@ def stop_rank_server():
     if _SERVER is not None:
         _SERVER.stop()
         _SERVER = None
-
-
-def send_signal(pid, signum, group=False, alone=True):
-    """``signum`` to the process group ``pid`` leads (``group``), or where it has none (yet) to ``pid`` itself if
-    ``alone``; to ``pid`` only without ``group``. A process already gone is no error."""
-    if group:
-        try:
-            os.killpg(pid, signum)
-            return
-        except (ProcessLookupError, PermissionError):
-            if not alone:
-                return
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 class RankServer:
