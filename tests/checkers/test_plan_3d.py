@@ -5,9 +5,12 @@ by ``utils.planner.estimate`` among the valid ones of the lab's space holding at
 rank, found without ``best_plans``. Each planted answer stands for a kind of checker weakness: a search on fewer
 knobs (the jobs' optima need every knob), an exception from the learner's code, a mistake whose symptom several
 mistakes share, a boundary size (a plan that exactly fills the cap, batches that do not divide), a judge whose
-own search is wrong, a plan the run cannot honour. The lab's notebook runs in test_notebooks.py.
+own search is wrong, a plan the run cannot honour. The checker judges by a stored table of optima (``OPTIMA``): here
+it is recomputed with the teacher's search (labs/solutions/plan_3d_search.py), and the checker is run as the student
+release runs it, without that module. The lab's notebook runs in test_notebooks.py.
 """
 
+import copy
 import dataclasses
 import functools
 import sys
@@ -24,6 +27,8 @@ from utils.planner import CHECKPOINTING, Plan, best_plans, estimate
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
 from solutions.plan_3d import choose_plan, divisors  # noqa: E402
+
+search = plan_3d.teacher_search()  # the teacher's side of the checker: its search and its diagnosis
 
 
 def _search(model, cluster, n_gpus, global_batch, precision, cap, *, zero_stages=(0, 1, 2, 3), ckpts=CHECKPOINTING,
@@ -114,8 +119,8 @@ def calls_best_plans(model, cluster, n_gpus, global_batch, precision, cap):
                       precision=precision)[0][1]
 
 
-def calls_the_checkers_search(model, cluster, n_gpus, global_batch, precision, cap):
-    return plan_3d.optimum(model, cluster, n_gpus, global_batch, precision, cap)[1]  # the judge's own search, shipped
+def calls_the_judges_search(model, cluster, n_gpus, global_batch, precision, cap):
+    return search.optimum(model, cluster, n_gpus, global_batch, precision, cap)[1]  # where a course holds it
 
 
 _POOL = ThreadPoolExecutor(1)  # a pool started "in an earlier cell": its thread never had the checker's hook
@@ -203,7 +208,7 @@ def own_bug(model, cluster, n_gpus, global_batch, precision, cap):
     (uncaught, "divisibility", "try/except ValueError"),
     (ignores_cap, "over_cap", "memory.total <= memory_cap"),
     (calls_best_plans, "used_best_plans", "write the search yourself"),
-    (calls_the_checkers_search, "used_best_plans", "the checker's own search"),
+    (calls_the_judges_search, "used_best_plans", "the judge's own search"),
     (best_plans_in_an_old_pool, "used_best_plans", "utils.planner.best_plans"),
     (best_plans_copied, "used_best_plans", "utils.planner.best_plans"),
     (best_plans_refusal_caught, "used_best_plans", "utils.planner.best_plans"),
@@ -216,17 +221,68 @@ def own_bug(model, cluster, n_gpus, global_batch, precision, cap):
     (experts_split_on_dense, "cp_ep", "cp=1, ep=2"),
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_choose_plan_rejects(wrong, mistake, phrase):
-    codes = [f.__code__ for f in (best_plans, plan_3d.lab_plans, plan_3d.optimum)]
+    codes = [f.__code__ for f in (best_plans, search.lab_plans, search.optimum)]
     expect_rejection(check_choose_plan, wrong, mistake=mistake, phrase=phrase)
-    assert [f.__code__ for f in (best_plans, plan_3d.lab_plans, plan_3d.optimum)] == codes  # put back
+    assert [f.__code__ for f in (best_plans, search.lab_plans, search.optimum)] == codes  # put back
 
 
 def test_a_judge_that_misses_plans_says_so(monkeypatch):
-    """kind: a judge that trusts its own optimum. With the old rule in the checker's own search, the reference
-    (ZeRO-2 inside a pipeline on GPT-2 small) is faster than the 'fastest': the checker blames itself."""
-    full = plan_3d.lab_plans
-    monkeypatch.setattr(plan_3d, "lab_plans", lambda *a: ((p, e) for p, e in full(*a) if p.pp == 1 or p.zero_stage <= 1))
+    """kind: a judge that trusts its own optimum. With GPT-2 small's row written by a search with the old rule (no
+    ZeRO-2/3 inside a pipeline), the reference (ZeRO-2 inside a pipeline) is faster than the stored 'fastest': the
+    checker blames itself."""
+    full = search.lab_plans
+    monkeypatch.setattr(search, "lab_plans", lambda *a: ((p, e) for p, e in full(*a) if p.pp == 1 or p.zero_stage <= 1))
+    job, *args = CASES[1]
+    monkeypatch.setitem(plan_3d.OPTIMA, job, search.optimum_row(*args))
     expect_rejection(check_choose_plan, choose_plan, mistake="judge_wrong", phrase="not your mistake")
+
+
+def test_the_stored_optima_are_the_searchs():
+    """OPTIMA, the numbers the shipped checker judges by, is what the teacher's search finds for every job, to the last
+    bit; a planted change of one stored number (a byte of one job's memory) is found."""
+    found = search.optima()
+    stale = search.differences(plan_3d.OPTIMA, found)
+    assert stale == [], ("OPTIMA in utils/checkers/plan_3d.py is not what the search finds: paste the output of "
+                         "`python -m labs.solutions.plan_3d_search` there.\n" + "\n".join(stale))
+    assert sorted(found) == sorted(job for job, *_ in plan_3d.JOBS)
+    planted = copy.deepcopy(plan_3d.OPTIMA)
+    job = CASES[3][0]
+    planted[job]["memory"] += 1
+    assert [line.split(":")[0] for line in search.differences(planted, found)] == [job]
+
+
+def test_every_fastest_plan_of_step_2_is_runnable():
+    """Step 2 judges, then runs, the tiny job's plan: at every lab size lesson 09's step can run every fastest plan
+    under the cap (ties included: ZeRO stages at dp = 1), so a right answer is never refused as cannot_run."""
+    for world_size in plan_3d.RUN_SIZES:
+        job, model, cluster, n_gpus, batch, precision, cap = plan_3d.run_job(world_size)
+        best = plan_3d.OPTIMA[job]["step_time"]
+        fastest = [p for p, e in search.lab_plans(model, cluster, n_gpus, batch, precision)
+                   if e.memory.total <= cap and e.step_time <= best * (1 + 1e-9)]
+        assert fastest and all(plan_3d.unrunnable(p) == "" for p in fastest), (job, fastest)
+
+
+@pytest.fixture
+def as_released(monkeypatch, tmp_path):
+    """The checker as the student release runs it: the teacher's search is not there to import."""
+    monkeypatch.setattr(plan_3d, "SEARCH", tmp_path / "plan_3d_search.py")
+    assert plan_3d.teacher_search() is None
+
+
+@pytest.mark.parametrize("wrong, mistake, phrase", [
+    (no_interleaving, "not_fastest", "it differs from yours in v"),  # "v" with the teacher's diagnosis
+    (old_rule, "not_fastest", "it differs from yours in zero_stage"),  # "zero_stage" there, by name
+    (strict_cap, "cap_strict", "fills the cap exactly"),  # judged from the stored strict optimum
+    (ignores_cap, "over_cap", "memory.total <= memory_cap"),
+    (calls_best_plans, "used_best_plans", "write the search yourself"),
+], ids=lambda v: getattr(v, "__name__", None))
+def test_as_released_a_slower_plan_is_not_fastest(as_released, wrong, mistake, phrase):
+    expect_rejection(check_choose_plan, wrong, mistake=mistake, phrase=phrase)
+
+
+def test_as_released_the_reference_passes(as_released):
+    result = check_choose_plan(choose_plan)
+    assert str(result).count("(fastest ") == len(CASES), result
 
 
 def test_the_tiny_job_has_a_runnable_plan_at_every_lab_size():
@@ -265,8 +321,8 @@ def test_micro_batch_one_is_the_optimum_of_every_job():
     other knobs a micro-batch of 1 has the smaller bubble and activations; it loses only where ZeRO-3 without a
     pipeline gathers the weights once per micro-batch, and no job's optimum is such a plan. If a job or the planner
     changes so that one is, this test fails, and a planted 'micro_batch = 1 only' answer belongs in the list above."""
-    for job, model, cluster, n_gpus, batch, precision, cap in CASES:
-        best = plan_3d.optimum(model, cluster, n_gpus, batch, precision, cap)[1]
+    for job, *args in CASES:  # the stored optima: test_the_stored_optima_are_the_searchs holds them to the search
+        best = plan_3d.stored_optimum(job, *args)[2]
         assert best.micro_batch == 1, f"{job}: the fastest plan uses micro_batch={best.micro_batch}: {best}"
     check_choose_plan(planted(mbs=(1,)))  # passes, as it should
 

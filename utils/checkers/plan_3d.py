@@ -2,23 +2,30 @@
 fastest, and does its mesh train the tiny Llama of lesson 09 exactly like one process, as the plan says?
 
 ``check_choose_plan(choose_plan)`` calls the learner's search on jobs (model, cluster, GPUs, batch, precision,
-memory cap per rank) and compares each answer with the checker's own enumeration of the lab's space (``lab_plans``,
-not ``utils.planner.best_plans``: a judge must not share the search it judges; a guard that trips the three
-functions in place, ``utils.checkers.guard``, refuses a learner's call to any of them through any alias, and a
-profile hook also refuses a copy of their code made beforehand, unless the answer switched the hook off: that
-guard's docstring says what still passes). A slower answer is diagnosed by the knobs that, held at its values,
-leave no faster plan; an answer
-faster than the checker's optimum means the checker or the planner is wrong, and says so. ``check_plan_run``
+memory cap per rank) and judges each answer by its results: valid, under the cap, and as fast as ``OPTIMA``, a
+stored table of each job's optimum (its step time, memory and knobs, written as numbers). This module carries no
+search of the lab's space, so the release carries no answer to copy: the table comes from the teacher's side of this
+checker, ``labs.solutions.plan_3d_search`` (in the solutions folder, which the student release leaves out and the
+grader's sandbox hides), and tests/checkers/test_plan_3d.py recomputes every row of it and fails on a difference.
+Where that module is there (the teacher's checkout: ``make grade``'s judge, the tests), a slower answer is diagnosed
+by the knobs that, held at its values, leave no faster plan (``blame``: the mistake names the knob); without it (the
+release) a slower answer is ``not_fastest``, with the stored optimum and the knobs in which it differs. A learner's
+call to ``utils.planner.best_plans``, or to the teacher's search where it is there, is refused (a guard that trips
+those functions in place, ``utils.checkers.guard``, through any alias, and a profile hook that also refuses a copy of
+their code made beforehand, unless the answer switched the hook off: that guard's docstring says what still passes).
+An answer faster than the stored optimum means the table or the planner is wrong, and says so. ``check_plan_run``
 trains the plan on CPU ranks with ``utils.mesh.parallelize3d.train`` (lesson 09's step, which takes the ``Plan``
 itself: its mesh, micro-batches, schedule and checkpointing), and refuses, before launching, a plan with a knob that
 step cannot run (``utils.mesh.plan3d.unrunnable``).
 """
 
 import dataclasses
-import itertools
+import importlib.util
 import re
+import sys
 
 from .. import planner
+from ..launch.scripts import ROOT
 from ..mesh import parallelize3d
 from ..mesh.plan3d import BATCH, SHAPE, unrunnable
 from ..sharding.memory import zero_bytes_per_rank
@@ -57,13 +64,15 @@ HINTS = {
     "checkpointing": "try every checkpointing (none, selective, full): recompute costs FLOPs, and frees memory "
                      "that a faster mesh or ZeRO stage may need.",
     "several": "the fixes are listed above, one per knob: check which values of each your search skips.",
-    "not_fastest": "a faster plan exists that differs in several knobs at once: search every combination.",
+    "not_fastest": "a faster plan under the cap exists (the message names it): compare its knobs with yours, and "
+                   "search every combination of the table's values.",
     "raised": "choose_plan must return a Plan for every job without raising; read the message and the line.",
     "none_found": "your search raised that nothing fits, but the job has plans under the cap: some knob value your "
                   "loops never try is needed here (every tp, pp, ZeRO stage, v, micro-batch and checkpointing).",
     "no_fit": "when no plan of the space is under memory_cap, raise ValueError naming the numbers, as the lab asks: "
               "not another exception, not None, not a plan over the cap.",
-    "judge_wrong": "not your mistake: the checker's own search or the planner is wrong. Report it with this message.",
+    "judge_wrong": "not your mistake: the checker's stored optima (OPTIMA) or the planner is wrong. Report it with "
+                   "this message.",
     "cannot_run": "this lab's runner (lesson 09's step) cannot honour that knob; choose_plan's answer for the tiny "
                   "job must be runnable: see the lab's 'Step 2' for what runs.",
     "not_equal": "the run must match one process: check that the plan's mesh divides the batch and the model.",
@@ -99,45 +108,98 @@ CASES = [
 NO_FIT = ("Llama-2-7B, 2 nodes x 4 H100, cap 1 GB", planner.LLAMA2_7B, NODE4, 8, 64, "bf16", 1e9)
 
 
-def divisors(n):
-    return [d for d in range(1, n + 1) if n % d == 0]
+RUN_SIZES = (2, 4, 8)  # the WORLD_SIZEs of the lab's Step 2 (its parameters cell refuses others)
 
 
-def lab_plans(model, cluster, n_gpus, global_batch, precision):
-    """Every valid plan of the lab's space, with its estimate: the checker's own search (not best_plans)."""
-    for tp in (t for t in divisors(cluster.gpus_per_node) if n_gpus % t == 0):
-        for pp in divisors(n_gpus // tp):
-            for mb, v, zero, ckpt in itertools.product(*SPACE.values()):
-                try:
-                    plan = planner.Plan(global_batch, mb, n_gpus // (tp * pp), tp, pp, v, zero, precision, ckpt, tp > 1)
-                    yield plan, planner.estimate(model, plan, cluster)
-                except ValueError:
-                    continue
+def run_job(world_size):
+    """Step 2's job on ``world_size`` CPU ranks: (name, model, cluster, n_gpus, global_batch, precision, memory_cap)."""
+    cluster = tiny_cluster(world_size)
+    return f"tiny Llama on {world_size} ranks", TINY, cluster, world_size, TINY_BATCH, "fp32", cluster.memory_bytes
 
 
-def optimum(model, cluster, n_gpus, global_batch, precision, cap, strict=False):
-    """(Estimate, Plan) of the fastest plan of the lab's space under the cap (strictly under it when ``strict``)."""
-    under = [(e, p) for p, e in lab_plans(model, cluster, n_gpus, global_batch, precision)
-             if (e.memory.total < cap if strict else e.memory.total <= cap)]
-    if not under:
-        raise ValueError(f"no plan of the lab's space fits {cap:,.0f} B: {model} on {n_gpus} x {cluster}")
-    return min(under, key=lambda pair: pair[0].step_time)
+JOBS = CASES + [run_job(n) for n in RUN_SIZES]  # every job the lab judges; OPTIMA has a row for each
+# job -> its optimum (step_time s, memory B per rank, plan's knobs; strict: where the optimum fills the cap exactly,
+# the fastest time strictly under it), written by the teacher's search (python -m labs.solutions.plan_3d_search);
+# tests/checkers/test_plan_3d.py recomputes every row and fails on a difference
+OPTIMA = {
+    "tiny Llama, 2 nodes x 2, fp32, 400 kB": dict(step_time=6.357759352881698e-07, memory=239616.0,
+        plan=dict(dp=1, tp=2, pp=2, micro_batch=1, v=1, zero_stage=0, checkpointing="none")),
+    "GPT-2 small, 2 nodes x 8 H100": dict(step_time=0.010725500350468486, memory=937334400.0,
+        plan=dict(dp=2, tp=2, pp=4, micro_batch=1, v=1, zero_stage=2, checkpointing="none")),
+    "GPT-2 medium, 2 nodes x 4, cap 3 GB": dict(step_time=0.04388376091944007, memory=2539590656.0,
+        plan=dict(dp=2, tp=1, pp=4, micro_batch=1, v=2, zero_stage=2, checkpointing="selective")),
+    "Llama-2-7B, 2 nodes x 4 H100, cap 16 GB": dict(step_time=4.2613975061610585, memory=14739832832.0,
+        plan=dict(dp=1, tp=2, pp=4, micro_batch=1, v=2, zero_stage=0, checkpointing="full")),
+    "Llama-2-7B, 2 nodes x 4 H100, cap 32 GB": dict(step_time=3.474597064096169, memory=27626045440.0,
+        plan=dict(dp=2, tp=2, pp=2, micro_batch=1, v=2, zero_stage=1, checkpointing="selective")),
+    "Llama-2-7B, 2 nodes x 4 H100, cap 49,100,881,920 B": dict(step_time=3.330070763175158, memory=49100881920.0,
+        plan=dict(dp=2, tp=2, pp=2, micro_batch=1, v=2, zero_stage=1, checkpointing="none"), strict=3.3778052411776476),
+    "Llama-2-7B, batch 24, 2 nodes x 4 H100, cap 24 GB": dict(step_time=1.4139633495448978, memory=18868076544.0,
+        plan=dict(dp=1, tp=4, pp=2, micro_batch=1, v=2, zero_stage=0, checkpointing="selective")),
+    "GPT-2 medium, 2 nodes x 4, cap 1.7 GB": dict(step_time=0.04867334029948994, memory=1639334912.0,
+        plan=dict(dp=2, tp=2, pp=2, micro_batch=1, v=2, zero_stage=2, checkpointing="selective")),
+    "GPT-2 medium, 2 nodes x 4, cap 742 MB": dict(step_time=0.22048335928739332, memory=680174592.0,
+        plan=dict(dp=2, tp=4, pp=1, micro_batch=1, v=1, zero_stage=3, checkpointing="full")),
+    "tiny Llama on 2 ranks": dict(step_time=5.525417027300304e-07, memory=354304.0,
+        plan=dict(dp=1, tp=1, pp=2, micro_batch=1, v=1, zero_stage=0, checkpointing="full")),
+    "tiny Llama on 4 ranks": dict(step_time=6.357759352881698e-07, memory=239616.0,
+        plan=dict(dp=1, tp=2, pp=2, micro_batch=1, v=1, zero_stage=0, checkpointing="none")),
+    "tiny Llama on 8 ranks": dict(step_time=6.881279676440851e-07, memory=120832.0,
+        plan=dict(dp=1, tp=4, pp=2, micro_batch=1, v=1, zero_stage=0, checkpointing="none")),
+}
 
 
-def _knobs(plan):
+def plan_knobs(plan):
+    """The knobs a diagnosis holds (KNOBS), by name: the mesh as (dp, tp, pp)."""
     return dict(mesh=(plan.dp, plan.tp, plan.pp), micro_batch=plan.micro_batch, v=plan.v,
                 zero_stage=plan.zero_stage, checkpointing=plan.checkpointing)
 
 
+SEARCH = ROOT / "labs" / "solutions" / "plan_3d_search.py"  # the teacher's side of this checker; not in the release
+
+
+def teacher_search():
+    """The teacher's side of this checker (its search, ``optimum``, and its diagnosis, ``blame``), where the course
+    holds it: the teacher's checkout (make grade's judge, the tests, the lab run by its teacher). None in the student
+    release, which leaves the solutions folder out, and in the grader's sandbox, which hides it."""
+    if not SEARCH.is_file():
+        return None
+    name = "labs.solutions.plan_3d_search"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, SEARCH)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
+def stored_optimum(job, model, cluster, n_gpus, global_batch, precision, cap):
+    """(step time, memory per rank, Plan, strict step time or None) of the job's optimum: its row of OPTIMA; for a job
+    not in the table, the teacher's search computes the row, where it is there."""
+    row = OPTIMA.get(job)
+    if row is None:
+        search = teacher_search()
+        if search is None:
+            raise LookupError(f"{job}: no stored optimum for this job; OPTIMA holds the lab's {len(OPTIMA)} jobs "
+                              f"(CASES, and Step 2 on {', '.join(map(str, RUN_SIZES))} ranks), and the teacher's "
+                              "checkout computes any other")
+        row = search.optimum_row(model, cluster, n_gpus, global_batch, precision, cap)
+    plan = planner.Plan(global_batch, precision=precision, sequence_parallel=row["plan"]["tp"] > 1, **row["plan"])
+    return row["step_time"], row["memory"], plan, row.get("strict")
+
+
 @answer_side
 def call_choose_plan(choose_plan, job, args, no_fit=False):
-    """choose_plan(*args), any exception turned into a named mistake; a call to best_plans refused. ``no_fit``: the
-    job no plan fits, where a ValueError is the answer (let through) and any other exception the mistake no_fit."""
+    """choose_plan(*args), any exception turned into a named mistake; a call to best_plans (or to the teacher's search,
+    where it is there) refused. ``no_fit``: the job no plan fits, where a ValueError is the answer (let through) and
+    any other exception the mistake no_fit."""
     __tracebackhide__ = True
-    # the planner's search and the checker's own (which ships to learners too): a search the lab asks you to write
-    targets = {planner.best_plans: "utils.planner.best_plans",
-               lab_plans: "the checker's own search (utils.checkers.plan_3d.lab_plans)",
-               optimum: "the checker's own search (utils.checkers.plan_3d.optimum)"}
+    # the planner's search, and the judge's own where the course holds it: a search the lab asks you to write
+    targets = {planner.best_plans: "utils.planner.best_plans"}
+    search = teacher_search()
+    if search is not None:
+        targets.update({search.lab_plans: "the judge's own search (labs.solutions.plan_3d_search.lab_plans)",
+                        search.optimum: "the judge's own search (labs.solutions.plan_3d_search.optimum)"})
     by_code = {code_key(f.__code__): label for f, label in targets.items()}  # a code.replace() copy matches too
 
     def forbidden(frame, event, arg):
@@ -190,36 +252,31 @@ def judge(plan, model, cluster, n_gpus, global_batch, precision, cap, job):
     if est.memory.total > cap:
         fail(HINTS, "over_cap", f"{job}: {est.memory.total:,.0f} B per rank > the cap {cap:,.0f} B (the GPU has "
                                 f"{cluster.memory_bytes:,.0f} B; fits={est.fits})")
-    best_est, best = optimum(model, cluster, n_gpus, global_batch, precision, cap)
-    if est.step_time < best_est.step_time * (1 - 1e-9):
-        fail(HINTS, "judge_wrong", f"{job}: your plan {plan} takes {est.step_time * 1e3:.4f} ms, under the checker's "
-                                   f"fastest {best_est.step_time * 1e3:.4f} ms ({best})")
-    if est.step_time <= best_est.step_time * (1 + 1e-9):
-        return est, best_est
+    best_time, best_memory, best, strict_time = stored_optimum(job, model, cluster, n_gpus, global_batch, precision,
+                                                               cap)
+    if est.step_time < best_time * (1 - 1e-9):
+        fail(HINTS, "judge_wrong", f"{job}: your plan {plan} takes {est.step_time * 1e3:.4f} ms, under the stored "
+                                   f"fastest {best_time * 1e3:.4f} ms ({best})")
+    if est.step_time <= best_time * (1 + 1e-9):
+        return est, best_time
     what = (f"{job}: your plan takes {est.step_time * 1e3:.3f} ms per step (bubble {est.bubble:.0%}); the fastest "
-            f"under the cap takes {best_est.step_time * 1e3:.3f} ms: {best}")
-    if best_est.memory.total == cap and est.step_time <= optimum(model, cluster, n_gpus, global_batch, precision,
-                                                                  cap, strict=True)[0].step_time * (1 + 1e-9):
+            f"under the cap takes {best_time * 1e3:.3f} ms: {best}")
+    if best_memory == cap and strict_time is not None and est.step_time <= strict_time * (1 + 1e-9):
         fail(HINTS, "cap_strict", f"{what}; it fills the cap of {cap:,.0f} B exactly")
+    search = teacher_search()
+    if search is None:  # the release: the stored optimum, and how it differs from yours
+        differ = [k for k, v in plan_knobs(best).items() if plan_knobs(plan)[k] != v]
+        fail(HINTS, "not_fastest", f"{what}; it differs from yours in {', '.join(differ)}")
     # which knobs, held at the learner's values, explain the time: the search never varied them
-    mine = _knobs(plan)
-    under = [(_knobs(p), e.step_time) for p, e in lab_plans(model, cluster, n_gpus, global_batch, precision)
-             if e.memory.total <= cap]
-
-    def explains(knobs):
-        return min(t for k, t in under if all(k[n] == mine[n] for n in knobs)) >= est.step_time * (1 - 1e-9)
-
-    blamed = [k for k in KNOBS if explains((k,))] or next(
-        (list(pair) for pair in itertools.combinations(KNOBS, 2) if explains(pair)), [])
-    starved = plan.pp > 1 and plan.microbatches < plan.pp
-    blamed = list(dict.fromkeys("pipeline_starved" if k in ("micro_batch", "mesh") and starved else k for k in blamed))
+    blamed = search.blame(plan, est, model, cluster, n_gpus, global_batch, precision, cap)
     if len(blamed) == 1:
         fail(HINTS, blamed[0], f"{what}; with your {blamed[0]} held, no plan is faster than yours")
     if blamed:
         raise LabCheckFailed("several", f"{what}; several mistakes share this symptom: holding any of "
                              f"{', '.join(blamed)} at your value gives your time:\n"
                              + "\n".join(f"- {k}: {HINTS[k]}" for k in blamed), HINTS["several"])
-    fail(HINTS, "not_fastest", what)
+    fail(HINTS, "not_fastest", f"{what}; with any one or two of your knobs held, a faster plan remains: it differs "
+                               "in several at once")
 
 
 def check_choose_plan(choose_plan, cases=CASES):
@@ -228,10 +285,10 @@ def check_choose_plan(choose_plan, cases=CASES):
     lines = []
     for job, model, cluster, n_gpus, batch, precision, cap in cases:
         plan = call_choose_plan(choose_plan, job, (model, cluster, n_gpus, batch, precision, cap))
-        est, best = judge(plan, model, cluster, n_gpus, batch, precision, cap, job)
+        est, best_time = judge(plan, model, cluster, n_gpus, batch, precision, cap, job)
         lines.append(f"{job}: dp={plan.dp} tp={plan.tp} pp={plan.pp} v={plan.v} micro_batch={plan.micro_batch} "
                      f"ZeRO-{plan.zero_stage} {plan.checkpointing}: {est.memory.total / 1e9:.4g} GB, "
-                     f"{est.step_time * 1e3:.3f} ms (fastest {best.step_time * 1e3:.3f} ms)")
+                     f"{est.step_time * 1e3:.3f} ms (fastest {best_time * 1e3:.3f} ms)")
     lines.append(_no_fit(choose_plan, NO_FIT))
     return CheckResult("choose_plan: valid, under the cap, fastest by the planner", lines)
 
@@ -275,8 +332,7 @@ def check_plan_run(choose_plan, world_size, steps=2, timeout=300):
     """Ask ``choose_plan`` (or take a Plan) for the tiny Llama on ``world_size`` CPU ranks under 400 kB; run it as it
     says (schedule, checkpointing; refuse what cannot run); check equality with one process and memory per rank."""
     __tracebackhide__ = True
-    cluster, job = tiny_cluster(world_size), f"tiny Llama on {world_size} ranks"
-    args = (TINY, cluster, world_size, TINY_BATCH, "fp32", cluster.memory_bytes)
+    job, *args = run_job(world_size)
     plan = choose_plan if isinstance(choose_plan, planner.Plan) else call_choose_plan(choose_plan, job, args)
     judge(plan, *args, job)
     why = unrunnable(plan)

@@ -101,7 +101,7 @@ def watched_call(fn, args, forbidden, where=None, hints=None, guard=None, **how)
     """``fn(*args)`` under the ``Watcher``: (its result, the label of the first call ``forbidden`` names, or None).
 
     ``forbidden(frame, event, arg)`` returns a label for a call the lab refuses (the library that does what the lab
-    asks you to write, the checker's own search: both ship to learners), else None; the caller fails with its hint.
+    asks you to write, or the judge's own search where the course holds it), else None; the caller fails with its hint.
     An exception the answer raises goes through ``learner_call`` (``where``, ``hints`` and ``how``: its
     ``phrases``, ``let_through``, ``mistake_of``); a hook switched off is
     ``LabCheckFailed("tampered")``. ``guard``: a ``Guard`` of the key targets, on for the call; a call it

@@ -3,9 +3,10 @@
 Each lab's oracle returns None when the mutant gives the same results as the expected ones, else the first
 difference, in words. Two ingredients, whichever a lab has:
 
-- ``SAME``: a comparison in this one process. Where the checker exposes its own single-process answer it is the
-  expected result (``plan_3d.optimum``, ``zero_buckets.judge_buckets``); for the labs whose answer is a plain function
-  (06, 14) the expected result is the unmutated reference, which the test suite holds to the checker's.
+- ``SAME``: a comparison in this one process. Where the checker (or its teacher's side) exposes its own
+  single-process answer it is the expected result (``labs.solutions.plan_3d_search.optimum``,
+  ``zero_buckets.judge_buckets``); for the labs whose answer is a plain function (06, 14) the expected result is the
+  unmutated reference, which the test suite holds to the checker's.
 - ``LARGER``: the lab's own check again, every part, at a larger WORLD_SIZE and without ``smoke``: the checkers compare
   every rank's result with a single-process computation (``dist.all_reduce``'s sum, one-process DDP and Adam, the
   full cross-entropy, the reference of each hang program), so a mutant that passes there gives the same results on
@@ -82,7 +83,7 @@ def _plan_cases():
 
 def _plan_3d(answers, reference):
     for model, cluster, n, batch, precision, cap in _plan_cases():
-        best, _ = plan_3d.optimum(model, cluster, n, batch, precision, cap)
+        best, _ = plan_3d.teacher_search().optimum(model, cluster, n, batch, precision, cap)
         try:
             plan = answers["choose_plan"](model, cluster, n, batch, precision, cap)
             est = plan_3d.planner.estimate(model, plan, cluster)
