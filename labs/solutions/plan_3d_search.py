@@ -18,7 +18,15 @@ import itertools
 import json
 
 from utils import planner
-from utils.checkers.plan_3d import JOBS, KNOBS, SPACE, plan_knobs
+from utils.checkers.plan_3d import GPT2_MEDIUM, JOBS, KNOBS, NODE4, NODE4_16GB, SPACE, plan_knobs
+
+# Jobs the release does not ship (nor their optima): the teacher's checkout judges choose_plan on these too, so an
+# answer that looks its plans up in the release's OPTIMA, rather than searching, is rejected by make grade.
+HIDDEN_JOBS = [
+    ("GPT-2 small, 1 node x 8 H100, cap 3 GB", planner.GPT2_SMALL, planner.H100_NODE, 8, 32, "bf16", 3e9),
+    ("GPT-2 medium, 2 nodes x 4, batch 32, cap 2.2 GB", GPT2_MEDIUM, NODE4_16GB, 8, 32, "bf16", 2.2e9),
+    ("Llama-2-7B, batch 32, 2 nodes x 4 H100, cap 20 GB", planner.LLAMA2_7B, NODE4, 8, 32, "bf16", 20e9),
+]
 
 __all__ = ["divisors", "lab_plans", "optimum", "optimum_row", "optima", "differences", "table_source", "blame"]
 

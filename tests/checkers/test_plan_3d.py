@@ -330,3 +330,23 @@ def test_micro_batch_one_is_the_optimum_of_every_job():
 def test_an_exception_in_the_answer_is_named_with_its_line():
     """own_bug's KeyError, raised in the answer's own line (not the planner's): that line is quoted."""
     expect_raised(check_choose_plan, own_bug, line="budget[precision])")
+
+
+def test_an_answer_that_looks_up_the_stored_optima_fails_make_grade(monkeypatch):
+    """OPTIMA ships with the release (numbers, not a search): a choose_plan that returns its rows passes the lab's
+    own jobs in a learner's notebook, and the teacher's checkout rejects it on HIDDEN_JOBS, which the release holds
+    no optimum of (issue 37, part 1)."""
+    def looks_up(model, cluster, n_gpus, global_batch, precision, memory_cap):
+        for job, *args in plan_3d.JOBS:
+            if args == [model, cluster, n_gpus, global_batch, precision, memory_cap]:
+                row = plan_3d.OPTIMA[job]["plan"]
+                return Plan(global_batch, precision=precision, sequence_parallel=row["tp"] > 1, **row)
+        raise ValueError(f"no plan under {memory_cap:,.0f} B")
+
+    from utils.checkers.common import LabCheckFailed
+
+    assert plan_3d.teacher_search() is not None
+    with pytest.raises(LabCheckFailed, match="Llama-2-7B, batch 32|GPT-2 small, 1 node|GPT-2 medium, 2 nodes x 4, batch"):
+        plan_3d.check_choose_plan(looks_up)
+    monkeypatch.setattr(plan_3d, "teacher_search", lambda: None)  # as in the release
+    plan_3d.check_choose_plan(looks_up)
