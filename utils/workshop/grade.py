@@ -21,7 +21,10 @@ itself: what an answer raises, prints or writes, or patches in the judge's view,
 (tests/test_workshop_judge.py). Not yet: a checker's rank function runs beside the answer in its rank and computes its
 references there, so an answer that replaces it can forge what the judge compares (issue 37, part 3, open). Since
 no learner code runs in it, a judge is warm: each worker keeps one and hands it answer after answer (an interpreter,
-torch and the checkers imported once). The judge runs outside the sandbox (``-P``: its import path holds not the
+torch and the checkers imported once); and each worker takes a learner's answers one after another, in one folder
+of the learner's, with one rank server for them all (started in the learner's sandbox for the first, stopped after
+the last): learners never share a sandbox, so only a learner's own answers can reach each other. The judge runs
+outside the sandbox (``-P``: its import path holds not the
 answer's folder, where the answer's code writes); what runs the answer's code, its own rank server with every rank
 and its own answer process, started for it and ended with it, runs
 
@@ -230,6 +233,7 @@ def _definitions(*answers):
 
 
 STARTED = [None]  # when grade_one's answer had its sandbox, rank server and definitions up (judge_one reports it)
+SERVING = [None]  # the folder whose learner the judge's rank server is kept for, if any
 
 
 def grade_one(notebook, lab, index, world_size, smoke):
@@ -304,9 +308,11 @@ def grade_one(notebook, lab, index, world_size, smoke):
 
 
 def judge_one(job):
-    """One answer in this judge: ``job`` is run_answer's dict (notebook, lab, index, world_size, smoke, box, work).
-    The judge's folder, environment and sandbox are the answer's for the time of it; its rank server and answer
-    process are the answer's own and end with it. Returns Verdict's fields."""
+    """One answer in this judge: ``job`` is run_answer's dict (notebook, lab, index, world_size, smoke, box, work, keep).
+    The judge's folder, environment and sandbox are the answer's for the time of it; its answer process is its own and
+    ends with it; its rank server, in its sandbox, is its own too, or, with ``keep``, its learner's: kept for the
+    learner's next answer (``grade`` runs a learner's answers one after another in one folder). Returns Verdict's
+    fields."""
     import linecache
     import tempfile as tempfile_module
 
@@ -315,9 +321,15 @@ def judge_one(job):
     from ..checkers import answer_side
     from ..launch import server_handle
 
+    if SERVING[0] != job["work"]:  # a server kept for another learner's folder (a learner's last answer stops it)
+        server_handle.stop_rank_server()
+    SERVING[0] = job["work"]
     linecache.clearcache()  # what an earlier answer's report read; then this answer's cells, the lines it may quote
-    for filename, source, _ in _code_cells(job["notebook"]):  # (read, not run; before any of its code runs)
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    try:
+        for filename, source, _ in _code_cells(job["notebook"]):  # (read, not run; before any of its code runs)
+            linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    except Exception:  # noqa: BLE001 -- not a notebook, a cell that does not parse: grade_one names it
+        pass
     os.chdir(job["work"])  # the ranks' working folder, where they write
     os.environ.update(HOME=job["work"], TMPDIR=job["work"])  # the rendezvous folders of its launches
     tempfile_module.tempdir = None  # tempfile reads TMPDIR again
@@ -337,7 +349,9 @@ def judge_one(job):
                       hint="ask the teacher: this is not your code's verdict.")
     finally:
         answer_side.close_answer_process()
-        server_handle.stop_rank_server()
+        if not job.get("keep"):
+            server_handle.stop_rank_server()
+            SERVING[0] = None
     fields["message"] = fields["message"][:MESSAGE_LIMIT]
     fields["checking"] = round(time.perf_counter() - start, 2)
     fields["starting"] = round(STARTED[0] - start, 2)
@@ -417,21 +431,20 @@ class Judge:
             pass  # the judge is gone: no reply comes, below
         finally:
             os.close(write)
-        fields = None
+        fields, timed_out = None, False
         while b"\n" not in self.replies:
             left = timeout - (time.perf_counter() - start)
             if left <= 0 or not select.select([self.channel], [], [], left)[0]:
+                timed_out = True  # still judging at the timeout
                 break
             chunk = self.channel.recv(1 << 20)
-            if not chunk:
+            if not chunk:  # the judge ended (a crash of its own, out of memory)
                 break
             self.replies += chunk
-        timed_out = False
         if b"\n" in self.replies:
             line, self.replies = self.replies.split(b"\n", 1)
             fields = json.loads(line)
         else:
-            timed_out = self.proc.poll() is None  # still judging: past its timeout (else it ended by itself)
             self.close(wait=0)  # it and all under it, at once
         reader.join(timeout=10)  # the pipe ends with the answer's last process
         return fields, output.text(), time.perf_counter() - start, timed_out
@@ -467,12 +480,16 @@ def judge_env():
     return env
 
 
-def run_answer(answer, index, world_size, smoke=False, timeout=None, sandbox=None, hidden=(), judge=None):
+def run_answer(answer, index, world_size, smoke=False, timeout=None, sandbox=None, hidden=(), judge=None, folder=None,
+               keep=False, cpu=None):
     """Grade part ``index`` of ``answer`` (see the module's docstring): a Verdict.
 
     ``sandbox``: run its code in ``utils.workshop.sandbox`` (True), not (False), or where bubblewrap works (None);
     ``hidden``: more folders its sandbox must not see (the submissions, the gradebook); ``judge``: a warm ``Judge``
-    to use (``grade`` keeps one a worker), else one is started for this answer and closed after."""
+    to use (``grade`` keeps one a worker), else one is started for this answer and closed after. ``folder``: the
+    learner's folder, where ``grade`` copies each of the learner's notebooks and runs all of them (one sandbox's worth
+    of processes, its rank server kept from one answer to the next while ``keep``; ``cpu``: its CPU limit, the
+    longest of the learner's timeouts), else a fresh temporary folder for this answer alone."""
     from . import sandbox as box
 
     part = LABS[answer.lab].parts[index]
@@ -482,16 +499,17 @@ def run_answer(answer, index, world_size, smoke=False, timeout=None, sandbox=Non
     judge = judge or Judge(judge_env())
     try:
         with tempfile.TemporaryDirectory(prefix="grade-", ignore_cleanup_errors=True) as tmp:
-            work = Path(tmp, "work")
-            work.mkdir()
+            work = Path(folder) if folder is not None else Path(tmp, "work")
+            work.mkdir(exist_ok=True)
             notebook = work / answer.notebook.name  # a copy: the sandbox never sees the submissions
-            shutil.copyfile(answer.notebook, notebook)
+            if not notebook.exists():
+                shutil.copyfile(answer.notebook, notebook)
             spec = None
             if boxed:  # the judge runs outside the sandbox; what runs the answer's code (ranks, answer process) inside
-                spec = dict(work=str(work), readable=[str(ROOT)], memory=MEMORY_LIMIT, cpu=CPU_LIMIT or timeout,
+                spec = dict(work=str(work), readable=[str(ROOT)], memory=MEMORY_LIMIT, cpu=cpu or CPU_LIMIT or timeout,
                             hidden=[str(ROOT / h) for h in HIDDEN] + list(map(str, hidden)))
             job = dict(notebook=str(notebook), lab=answer.lab, index=index, world_size=world_size, smoke=smoke,
-                       box=spec, work=str(work))
+                       box=spec, work=str(work), keep=keep)
             fields, output, seconds, timed_out = judge.run(job, timeout)
     finally:
         if own:
@@ -519,8 +537,9 @@ def run_answer(answer, index, world_size, smoke=False, timeout=None, sandbox=Non
 
 
 def grade(answers, world_size=None, smoke=False, workers=None, timeout=None, log=print, sandbox=None, hidden=()):
-    """Every part of every answer, on ``workers`` threads each running one answer's process: a list of Verdicts.
-    ``sandbox``, ``hidden``: as for ``run_answer``."""
+    """Every part of every answer: a list of Verdicts. ``workers`` threads, each with a warm judge, take a learner's
+    answers one after another, in one folder of the learner's, whose rank server (in the learner's sandbox) serves
+    them all: learners never share a sandbox, a learner's answers do. ``sandbox``, ``hidden``: as for ``run_answer``."""
     sizes = {a.lab: world_size or lab_world_size(a.lab) for a in answers}
     workers = workers or default_workers(max(sizes.values(), default=1))
     jobs = [(a, i) for a in answers for i in range(len(LABS[a.lab].parts))]
@@ -528,24 +547,32 @@ def grade(answers, world_size=None, smoke=False, workers=None, timeout=None, log
 
     local = threading.local()  # each worker's warm judge
     judges = []
+    by_learner = {}  # a learner's answers, one after another, on one worker: one folder, one sandbox's rank server
+    for answer, index in jobs:
+        by_learner.setdefault(answer.learner, []).append((answer, index))
 
-    def one(job):
-        answer, index = job
+    def one_learner(items):
         if not hasattr(local, "judge"):
             local.judge = Judge(judge_env())
             with lock:
                 judges.append(local.judge)
-        verdict = run_answer(answer, index, sizes[answer.lab], smoke, timeout, sandbox, hidden, judge=local.judge)
-        with lock:
-            done[0] += 1
-            log(f"[{done[0]}/{len(jobs)}] {answer.learner} {answer.lab} {verdict.part}: {verdict.label} "
-                f"({verdict.seconds:.1f} s)")
-        return verdict
+        cpu = CPU_LIMIT or max(timeout or LABS[a.lab].parts[i].timeout for a, i in items)
+        verdicts = []
+        with tempfile.TemporaryDirectory(prefix="grade-", ignore_cleanup_errors=True) as tmp:
+            for n, (answer, index) in enumerate(items):
+                verdict = run_answer(answer, index, sizes[answer.lab], smoke, timeout, sandbox, hidden,
+                                     judge=local.judge, folder=Path(tmp, "work"), keep=n + 1 < len(items), cpu=cpu)
+                with lock:
+                    done[0] += 1
+                    log(f"[{done[0]}/{len(jobs)}] {answer.learner} {answer.lab} {verdict.part}: {verdict.label} "
+                        f"({verdict.seconds:.1f} s)")
+                verdicts.append(verdict)
+        return verdicts
 
     log(f"grading {len(jobs)} answers ({len(answers)} notebooks) on {workers} worker(s)")
     try:
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            verdicts = list(pool.map(one, jobs))
+            verdicts = [v for mine in pool.map(one_learner, by_learner.values()) for v in mine]
     finally:
         for judge in judges:
             judge.close()
