@@ -346,7 +346,43 @@ def test_an_answer_that_looks_up_the_stored_optima_fails_make_grade(monkeypatch)
     from utils.checkers.common import LabCheckFailed
 
     assert plan_3d.teacher_search() is not None
-    with pytest.raises(LabCheckFailed, match="Llama-2-7B, batch 32|GPT-2 small, 1 node|GPT-2 medium, 2 nodes x 4, batch"):
+    with pytest.raises(LabCheckFailed, match="hidden twin"):
         plan_3d.check_choose_plan(looks_up)
     monkeypatch.setattr(plan_3d, "teacher_search", lambda: None)  # as in the release
     plan_3d.check_choose_plan(looks_up)
+
+
+def _kind(row):
+    p = row["plan"]
+    return p["zero_stage"], p["checkpointing"], p["v"], p["micro_batch"], p["pp"] > 1, p["tp"] > 1
+
+
+def test_each_hidden_job_is_a_twin_of_a_shipped_one():
+    """Each of the teacher's HIDDEN_JOBS needs the knobs its CASES job needs, so it catches the same mistakes; the
+    twin of the cap filled to the byte fills its own cap, with a strictly-under optimum for cap_strict."""
+    assert len(search.HIDDEN_JOBS) == len(CASES)
+    for (name, *job), (twin, *hidden) in zip(CASES, search.HIDDEN_JOBS):
+        shipped, found = plan_3d.OPTIMA[name], search.optimum_row(*hidden)
+        assert _kind(found) == _kind(shipped), (twin, found, shipped)
+        assert hidden != job, twin  # a lookup keyed by the shipped jobs misses it
+        if "strict" in shipped:
+            assert found["memory"] == hidden[-1] and found.get("strict") is not None, (twin, found)
+
+
+@pytest.mark.parametrize("wrong", [old_rule, no_zero, no_zero_2, no_zero_3, no_recompute, no_interleaving, no_tp,
+                                   no_pipeline, no_small_micro_batches, fsdp_and_full_recompute, strict_cap,
+                                   one_big_microbatch, ignores_cap], ids=lambda f: f.__name__)
+def test_a_lookup_that_falls_back_to_a_wrong_search_fails_make_grade(wrong):
+    """Review of issue 37, part 1: an answer that returns OPTIMA's rows for the shipped jobs and searches wrongly for
+    any other passes a learner's notebook; on the teacher's HIDDEN_JOBS its search is judged, and rejected."""
+    from utils.checkers.common import LabCheckFailed
+
+    def looks_up(model, cluster, n_gpus, global_batch, precision, memory_cap):
+        for job, *args in plan_3d.JOBS:
+            if args == [model, cluster, n_gpus, global_batch, precision, memory_cap]:
+                row = plan_3d.OPTIMA[job]["plan"]
+                return Plan(global_batch, precision=precision, sequence_parallel=row["tp"] > 1, **row)
+        return wrong(model, cluster, n_gpus, global_batch, precision, memory_cap)
+
+    with pytest.raises(LabCheckFailed):
+        plan_3d.check_choose_plan(looks_up, cases=search.HIDDEN_JOBS)

@@ -4,7 +4,8 @@ fastest, and does its mesh train the tiny Llama of lesson 09 exactly like one pr
 ``check_choose_plan(choose_plan)`` calls the learner's search on jobs (model, cluster, GPUs, batch, precision,
 memory cap per rank) and judges each answer by its results: valid, under the cap, and as fast as ``OPTIMA``, a
 stored table of each job's optimum (its step time, memory and knobs, written as numbers). This module carries no
-search of the lab's space, so the release carries no answer to copy: the table comes from the teacher's side of this
+search of the lab's space (the planner's ``best_plans`` ships as source, and the lab refuses calls to it): the table
+comes from the teacher's side of this
 checker, ``labs.solutions.plan_3d_search`` (in the solutions folder, which the student release leaves out and the
 grader's sandbox hides), and tests/checkers/test_plan_3d.py recomputes every row of it and fails on a difference.
 Where that module is there (the teacher's checkout: ``make grade``'s judge, the tests), a slower answer is diagnosed
@@ -264,6 +265,8 @@ def judge(plan, model, cluster, n_gpus, global_batch, precision, cap, job):
     if best_memory == cap and strict_time is not None and est.step_time <= strict_time * (1 + 1e-9):
         fail(HINTS, "cap_strict", f"{what}; it fills the cap of {cap:,.0f} B exactly")
     search = teacher_search()
+    if search is None and plan.pp > 1 and plan.microbatches < plan.pp:  # a formula on the learner's own plan
+        fail(HINTS, "pipeline_starved", f"{what}; {plan.microbatches} micro-batches for {plan.pp} stages")
     if search is None:  # the release: the stored optimum, and how it differs from yours
         differ = [k for k, v in plan_knobs(best).items() if plan_knobs(plan)[k] != v]
         fail(HINTS, "not_fastest", f"{what}; it differs from yours in {', '.join(differ)}")
@@ -282,7 +285,8 @@ def judge(plan, model, cluster, n_gpus, global_batch, precision, cap, job):
 def check_choose_plan(choose_plan, cases=None):
     """Run choose_plan on every job of ``cases`` and judge each answer; a CheckResult says what was chosen. By default
     the lab's ``CASES``, and where the teacher's side is there (make grade) its ``HIDDEN_JOBS`` too, whose optima the
-    release does not hold: an answer that looks plans up in ``OPTIMA`` instead of searching fails there."""
+    release does not hold (twins of ``CASES``): an answer that looks plans up in ``OPTIMA`` is judged there on the
+    search it falls back to."""
     __tracebackhide__ = True
     if cases is None:
         search = teacher_search()
