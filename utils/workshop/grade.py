@@ -47,6 +47,7 @@ definitions started).
 
 import argparse
 import ast
+import contextlib
 import json
 import os
 import shutil
@@ -498,7 +499,9 @@ def run_answer(answer, index, world_size, smoke=False, timeout=None, sandbox=Non
     own = judge is None
     judge = judge or Judge(judge_env())
     try:
-        with tempfile.TemporaryDirectory(prefix="grade-", ignore_cleanup_errors=True) as tmp:
+        # the learner's folder (grade removes it), or a temporary one of this answer's own
+        with contextlib.nullcontext(None) if folder is not None else \
+                tempfile.TemporaryDirectory(prefix="grade-", ignore_cleanup_errors=True) as tmp:
             work = Path(folder) if folder is not None else Path(tmp, "work")
             work.mkdir(exist_ok=True)
             notebook = work / answer.notebook.name  # a copy: the sandbox never sees the submissions
