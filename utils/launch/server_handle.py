@@ -48,7 +48,7 @@ def rank_server() -> RankServer:
 
 def stop_rank_server():
     """Stop this kernel's rank server, if it runs, and wait for it to end (the workshop's judge, between answers:
-    each answer gets a server of its own, in a sandbox of its own)."""
+    each learner gets a server of its own, in a sandbox of its own, stopped after the learner's last answer)."""
     global _SERVER
     if _SERVER is not None:
         _SERVER.stop()

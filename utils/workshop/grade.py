@@ -25,15 +25,17 @@ torch and the checkers imported once); and each worker takes a learner's answers
 of the learner's, with one rank server for them all (started in the learner's sandbox for the first, stopped after
 the last): learners never share a sandbox, so only a learner's own answers can reach each other. The judge runs
 outside the sandbox (``-P``: its import path holds not the
-answer's folder, where the answer's code writes); what runs the answer's code, its own rank server with every rank
-and its own answer process, started for it and ended with it, runs
+answer's folder, where the answer's code writes); what runs the answer's code, its learner's rank server with every
+rank (kept for the learner's answers, stopped after the last) and its own answer process (ended with it), runs
 
 - in the sandbox of ``utils.workshop.sandbox`` (bubblewrap; ``--no-sandbox`` where it cannot run, with a warning):
   the course read-only without ``labs/solutions``, ``build/`` and ``.git``, neither the submissions nor the
   gradebook, a copy of its own notebook, no network but loopback; every process it starts ends with it (its own
   process namespace); ``MEMORY_LIMIT`` bytes of address space per process (beyond: the verdict ``memory``) and
   ``CPU_LIMIT`` seconds of CPU per process, by default its timeout (beyond: ``time``);
-- in a fresh temporary folder, its working directory, ``HOME`` and ``TMPDIR`` (removed afterwards), with
+- in a temporary folder of its learner's (its own with ``run_answer`` alone), its working directory, ``HOME`` and
+  ``TMPDIR`` (removed after the learner's last answer), into which the learner's notebooks are copied before any of
+  the learner's code runs (the judge itself reads the submissions, never these copies), with
   files it writes capped at ``FILE_LIMIT`` bytes each (``RLIMIT_FSIZE``);
 - with a wall-clock timeout (``Part.timeout``, or ``--timeout``), after which the judge and everything under it is
   killed (``utils.launch.children.kill_tree``) and the next answer gets a new judge;
@@ -237,7 +239,7 @@ STARTED = [None]  # when grade_one's answer had its sandbox, rank server and def
 SERVING = [None]  # the folder whose learner the judge's rank server is kept for, if any
 
 
-def grade_one(notebook, lab, index, world_size, smoke):
+def grade_one(notebook, lab, index, world_size, smoke, source=None):
     """Grade one part, as the judge: a dict of Verdict's fields (verdict, mistake, message, hint).
 
     The notebook is read, never run, here (``defined_names``): its plain values come as values, its functions and
@@ -251,13 +253,16 @@ def grade_one(notebook, lab, index, world_size, smoke):
     from ..launch import RankError, RankTimeoutError, rank_server, run_ranks
 
     part = LABS[lab].parts[index]
+    # the judge reads ``source``, the submission itself, never ``notebook``, the copy in the answer's folder, which the
+    # learner's earlier code may have replaced (by a link to the solutions); the sandbox's processes load the copy
+    source = notebook if source is None else source
     try:
-        nbformat.read(str(notebook), as_version=4)
+        nbformat.read(str(source), as_version=4)
     except Exception as err:  # noqa: BLE001 -- invalid JSON (NotJSONError), not nbformat 4, unreadable
         return dict(verdict="unparsable", message=f"not a notebook: {type(err).__name__}: {str(err)[:500]}",
                     hint="open it in Jupyter; if it does not open, save it again and submit that copy.")
     try:
-        names = defined_names(notebook)
+        names = defined_names(source)
     except Exception as err:  # noqa: BLE001 -- a cell that does not parse, a literal ast.literal_eval refuses ({[1]})
         return dict(verdict="unparsable", message=f"{type(err).__name__}: {str(err)[:MESSAGE_LIMIT]}",
                     hint="run the notebook from the top; fix the cell named.")
@@ -327,7 +332,7 @@ def judge_one(job):
     SERVING[0] = job["work"]
     linecache.clearcache()  # what an earlier answer's report read; then this answer's cells, the lines it may quote
     try:
-        for filename, source, _ in _code_cells(job["notebook"]):  # (read, not run; before any of its code runs)
+        for filename, source, _ in _code_cells(job["source"]):  # the submission (read, not run), not the copy
             linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     except Exception:  # noqa: BLE001 -- not a notebook, a cell that does not parse: grade_one names it
         pass
@@ -344,7 +349,8 @@ def judge_one(job):
     server_handle.SERVER_WRAPPER = answer_side.PROCESS_WRAPPER = wrap
     start = STARTED[0] = time.perf_counter()
     try:
-        fields = grade_one(Path(job["notebook"]), job["lab"], job["index"], job["world_size"], job["smoke"])
+        fields = grade_one(Path(job["notebook"]), job["lab"], job["index"], job["world_size"], job["smoke"],
+                           Path(job["source"]))
     except BaseException as err:  # noqa: BLE001 -- the grader's own bug: this answer's verdict, not the judge's end
         fields = dict(verdict="error", message=f"the grader failed: {type(err).__name__}: {err}",
                       hint="ask the teacher: this is not your code's verdict.")
@@ -362,7 +368,7 @@ def judge_one(job):
 def _judge(fd):
     """``--judge FD``: a warm judge. FD is a socket to the grader; each request is one answer's job as JSON, with the
     write end of a pipe for that answer's output (``socket.recv_fds``). The judge points its stdout and stderr there
-    (its rank server and answer process inherit them; so the pipe ends when the answer's last process has), judges,
+    (its answer process inherits them; so the pipe ends when the answer's last process has), judges,
     puts its own stdout back, and answers with the verdict's fields as one JSON line. No learner code runs here, so
     one judge serves answer after answer: an interpreter and torch imported once, not once an answer."""
     import resource
@@ -505,13 +511,13 @@ def run_answer(answer, index, world_size, smoke=False, timeout=None, sandbox=Non
             work = Path(folder) if folder is not None else Path(tmp, "work")
             work.mkdir(exist_ok=True)
             notebook = work / answer.notebook.name  # a copy: the sandbox never sees the submissions
-            if not notebook.exists():
+            if folder is None:  # (grade copies a learner's notebooks before any of the learner's code runs)
                 shutil.copyfile(answer.notebook, notebook)
             spec = None
             if boxed:  # the judge runs outside the sandbox; what runs the answer's code (ranks, answer process) inside
                 spec = dict(work=str(work), readable=[str(ROOT)], memory=MEMORY_LIMIT, cpu=cpu or CPU_LIMIT or timeout,
                             hidden=[str(ROOT / h) for h in HIDDEN] + list(map(str, hidden)))
-            job = dict(notebook=str(notebook), lab=answer.lab, index=index, world_size=world_size, smoke=smoke,
+            job = dict(notebook=str(notebook), source=str(answer.notebook), lab=answer.lab, index=index, world_size=world_size, smoke=smoke,
                        box=spec, work=str(work), keep=keep)
             fields, output, seconds, timed_out = judge.run(job, timeout)
     finally:
@@ -529,8 +535,8 @@ def run_answer(answer, index, world_size, smoke=False, timeout=None, sandbox=Non
         verdict.hint = "ask the teacher: this is not your code's verdict."
     if verdict.verdict in ("mistake", "error", "crash") and "killed by signal SIGXCPU" in verdict.message:
         verdict.verdict = "time"  # a process of the answer's, killed at its CPU limit (utils.launch names the signal)
-        verdict.hint = (f"a process of your answer used {CPU_LIMIT or timeout:g} s of CPU: look for a loop that "
-                        "never ends.")
+        verdict.hint = (f"a process of your answer used {cpu or CPU_LIMIT or timeout:g} s of CPU: look for a loop "
+                        "that never ends.")
     if verdict.verdict in ("mistake", "error", "crash") and any(
             phrase in verdict.message + verdict.output for phrase in MEMORY_PHRASES):
         verdict.verdict = "memory"
@@ -562,9 +568,19 @@ def grade(answers, world_size=None, smoke=False, workers=None, timeout=None, log
         cpu = CPU_LIMIT or max(timeout or LABS[a.lab].parts[i].timeout for a, i in items)
         verdicts = []
         with tempfile.TemporaryDirectory(prefix="grade-", ignore_cleanup_errors=True) as tmp:
+            work = Path(tmp, "work")
+            work.mkdir()
+            for answer in dict.fromkeys(a for a, _ in items):  # all of them before any of the learner's code runs
+                shutil.copyfile(answer.notebook, work / answer.notebook.name)
             for n, (answer, index) in enumerate(items):
-                verdict = run_answer(answer, index, sizes[answer.lab], smoke, timeout, sandbox, hidden,
-                                     judge=local.judge, folder=Path(tmp, "work"), keep=n + 1 < len(items), cpu=cpu)
+                try:
+                    verdict = run_answer(answer, index, sizes[answer.lab], smoke, timeout, sandbox, hidden,
+                                         judge=local.judge, folder=work, keep=n + 1 < len(items), cpu=cpu)
+                except Exception as err:  # noqa: BLE001 -- the grader's own failure on this answer: its verdict only
+                    local.judge.close(wait=0)  # and a fresh judge (and server) for the learner's next answer
+                    verdict = Verdict(answer.learner, answer.lab, LABS[answer.lab].parts[index].name, "crash",
+                                      message=f"the grader failed on this answer: {type(err).__name__}: {err}",
+                                      hint="ask the teacher: this is not your code's verdict.")
                 with lock:
                     done[0] += 1
                     log(f"[{done[0]}/{len(jobs)}] {answer.learner} {answer.lab} {verdict.part}: {verdict.label} "
