@@ -211,20 +211,21 @@ class _Patch:
 def halving_reduce_scatter(tensor):
     raise NotImplementedError("a stub")
 '''
-FORGED_RANK = '''import utils.checkers.halving_doubling as _hd
+FORGER = '''import utils.checkers.halving_doubling as _hd
 
-def _forged(fn, kind, cases, name, log_dir=None):
+def _forged(fn, kind, cases, name, log_dir, seed):
+    import torch
     import torch.distributed as dist
     from utils.checkers.halving_reduce_scatter import halving_plan
     from utils.checkers.halving_doubling import inputs
     rank, n, out = dist.get_rank(), dist.get_world_size(), []
     for numel, dtype in cases:
-        original = inputs(rank, numel, dtype)
+        got = inputs(rank, numel, dtype, seed)
+        FORGE
         dests, elements = halving_plan(numel, n)[rank]
-        out.append(dict(original=original, expected=original.clone(), got=original.clone(), error=None,
-                        sends=[(d, 0) for d in dests], returned=None, sent=elements * original.element_size(),
-                        ops=[], calls=[]))
-    return out
+        out.append(dict(got=got, error=None, sends=[(d, 0) for d in dests], returned=None,
+                        sent=elements * got.element_size(), ops=[], calls=[]))
+    return REPORT
 
 class _Patch:  # in the rank: the checker's own rank function replaced
     _hd.on_rank.__code__ = _forged.__code__
@@ -232,6 +233,18 @@ class _Patch:  # in the rank: the checker's own rank function replaced
 def halving_reduce_scatter(tensor):
     raise NotImplementedError("a stub")
 '''
+# A stub that replaces the checker's rank function (issue 37, part 3): each rank reports what it likes. The checker
+# computes the sum itself from seeds only one rank each holds (utils.checkers.rank_secrets), so reporting its own input
+# as the sum is a mistake, and a report of another shape is not a report.
+FORGED_RANKS = {
+    "its_input_as_the_sum": (FORGER.replace("FORGE", "pass").replace("REPORT", "out"), "mistake"),
+    "no_case": (FORGER.replace("FORGE", "pass").replace("REPORT", "[]"), "not_a_report"),
+    "other_fields": (FORGER.replace("FORGE", "pass").replace("REPORT", "[dict(c, passed=True) for c in out]"),
+                     "not_a_report"),
+}
+# What it cannot tell (the limit, rank_secrets' docstring): a stub that patches the checker's rank function to sum with
+# torch's own collective, and reports the messages the algorithm would send, moved the data between its ranks.
+FORGED_WITH_TORCH = FORGER.replace("FORGE", "dist.all_reduce(got)").replace("REPORT", "out")
 HOSTILE = {
     "escapes_by_link": ("03_zero_lab", "make_buckets", ESCAPE, "not written yet"),
     "exits_200": ("03_zero_lab", "make_buckets", "import os\n\ndef make_buckets(params, bucket_numel):\n    os._exit(200)\n",
@@ -262,16 +275,27 @@ def test_what_a_hostile_reader_planted(learner, tmp_path):
 
 
 @pytest.mark.skipif(not SANDBOX, reason="the ranks in the sandbox")
-@pytest.mark.xfail(strict=True, reason="issue 37, part 3, open: a checker's rank function runs beside the answer's "
-                   "code in the rank, computes its references there and reports what it observed; an answer that "
-                   "replaces it makes a stub pass. The fix: references computed by the judge from inputs it alone "
-                   "holds, the ranks' reports taken as observations only")
-def test_a_stub_that_replaces_the_checkers_rank_function_does_not_pass(tmp_path):
+def _forged_verdict(tmp_path, source):
     path = tmp_path / "forger" / "01a_halving_reduce_scatter_lab.ipynb"
     path.parent.mkdir()
-    nbformat.write(notebook_with("01a_halving_reduce_scatter_lab", {"halving_reduce_scatter": FORGED_RANK}), str(path))
-    verdict = grader.run_answer(grader.Answer("forger", "01a_halving_reduce_scatter_lab", path, "x"), 0, world_size=2,
-                                smoke=True, timeout=240, sandbox=True)
+    nbformat.write(notebook_with("01a_halving_reduce_scatter_lab", {"halving_reduce_scatter": source}), str(path))
+    return grader.run_answer(grader.Answer("forger", "01a_halving_reduce_scatter_lab", path, "x"), 0, world_size=2,
+                             smoke=True, timeout=240, sandbox=True)
+
+
+@pytest.mark.parametrize("kind", sorted(FORGED_RANKS))
+def test_a_stub_that_replaces_the_checkers_rank_function_does_not_pass(tmp_path, kind):
+    source, wanted = FORGED_RANKS[kind]
+    verdict = _forged_verdict(tmp_path, source)
+    assert verdict.verdict != "pass", verdict
+    assert (verdict.verdict if wanted == "mistake" else verdict.mistake) == wanted, verdict
+
+
+@pytest.mark.xfail(strict=True, reason="issue 37, part 3, the limit: how the ranks moved the data is observed in "
+                   "their own processes, beside the answer's code; a patch of the checker's observers hides torch's "
+                   "collective (utils.checkers.rank_secrets)")
+def test_a_stub_that_sums_with_torch_and_forges_the_messages_does_not_pass(tmp_path):
+    verdict = _forged_verdict(tmp_path, FORGED_WITH_TORCH)
     assert verdict.verdict != "pass", verdict
 
 

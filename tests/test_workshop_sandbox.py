@@ -106,3 +106,55 @@ def test_memory_and_cpu_limits(tmp_path):
     assert done.stdout.strip() == "refused", done
     done = run("while True:\n    pass", tmp_path, cpu=1)
     assert done.returncode == 128 + 24, done  # bwrap exits with 128 + the signal that ended its program: SIGXCPU
+
+
+@needs_bwrap
+def test_a_process_cannot_read_an_undumpable_neighbours_memory(tmp_path):
+    """A rank that holds its own arguments (``run_ranks``'s ``rank_args``: a checker's secret seed) makes itself
+    undumpable (``rank.undumpable``); in the sandbox a neighbour of the same user cannot read its memory or open its
+    files through /proc, while it can read a dumpable one's (the control)."""
+    code = """
+import ctypes, os, time
+def child(secret):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        if secret:
+            ctypes.CDLL(None).prctl(4, 0)  # PR_SET_DUMPABLE 0, as utils.launch.rank.undumpable does
+        os.write(w, b"x"); os.close(w)
+        time.sleep(30)
+        os._exit(0)
+    os.close(w); os.read(r, 1); os.close(r)
+    return pid
+for secret in (False, True):
+    pid = child(secret)
+    for what in ("environ", "mem", "fd/0"):
+        try:
+            with open(f"/proc/{pid}/{what}", "rb") as f:
+                f.read(1) if what != "mem" else None
+            print(secret, what, "read")
+        except OSError as err:
+            print(secret, what, type(err).__name__)
+    os.kill(pid, 9)
+"""
+    done = run(code, tmp_path)
+    lines = done.stdout.split("\n")
+    assert "False environ read" in lines and "False mem read" in lines, done  # the control: same user, dumpable
+    assert [line for line in lines if line.startswith("True")] == [f"True {what} PermissionError"
+                                                                  for what in ("environ", "mem", "fd/0")], done
+
+
+def test_a_rank_with_its_own_arguments_gets_them_alone_and_is_undumpable():
+    """``rank_args`` reach their rank only, after the shared arguments, and that rank is undumpable; a rank without
+    any stays dumpable (a notebook's ranks: the learner's debugger may attach; a grader's server, in its sandbox, is
+    undumpable, and so are its ranks)."""
+    from utils.launch import run_ranks
+
+    def report(shared, *own):
+        import ctypes
+        return shared, own, ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)  # 3 = PR_GET_DUMPABLE
+
+    assert run_ranks(report, "all", world_size=2, rank_args=[(10,), (11,)], verbose=False) == [
+        ("all", (10,), 0), ("all", (11,), 0)]
+    assert [dumpable for *_, dumpable in run_ranks(report, "all", world_size=2, verbose=False)] == [1, 1]

@@ -7,9 +7,11 @@ Same conventions as every lab (``utils.checkers.common``). Values alone let thro
 reach the sum another way (a ring, a gather to rank 0, whole tensors at every step), so each check
 looks at three kinds of evidence:
 
-- **values**, compared with ``dist.all_reduce``'s. Inputs are small positive integers, so sums are
-  exact in float32, and a wrong answer often *looks like* a known mistake (the sum divided by n,
-  the right chunk on the wrong rank, the sum less the folded ranks' inputs);
+- **values**, compared with the sum the checker computes itself. Inputs are small positive integers, so sums
+  are exact in float32, and a wrong answer often *looks like* a known mistake (the sum divided by n, the right
+  chunk on the wrong rank, the sum less the folded ranks' inputs). Each rank makes its inputs from a seed only it
+  gets (``rank_secrets``), and the checker computes the sum outside the ranks, so an answer that replaces this
+  module's rank function still has to move the data between its ranks;
 - **the pattern**, from ``PeerLog`` below: to whom each rank sends, in which order, how many messages.
   Recursive halving and doubling talk only to partners whose virtual ranks differ in one bit;
 - **bytes**, from ``CommLedger``: each rank's sends, element for element, as ``sent_elements`` computes them.
@@ -29,6 +31,8 @@ from ..comm.subgroup import chunk_bounds, reduce_scatter_chunks
 from ..launch import rank_device
 from .boundaries import element_counts
 from .common import LabCheckFailed, caught, first_error, launch_answer
+from .rank_secrets import HINTS as SECRET_HINTS
+from .rank_secrets import generator, new_seeds, rank_args, reports
 
 COLLECTIVES = set(RING_WIRE_FACTOR) - {"send", "isend", "recv", "irecv", "barrier"}  # all but point-to-point
 
@@ -111,9 +115,11 @@ def cases(p):
     return [(numel, dtype) for dtype in (torch.int64, torch.float32) for numel in [first] + sorted(rest)]
 
 
-def inputs(rank, numel, dtype, device=None):
-    """Rank ``rank``'s input: positive small integers, different on every rank, exact in float32 sums."""
-    return ((rank + 1) * 100 + torch.arange(numel, device=device or rank_device()) % 13 + 1).to(dtype)
+def inputs(rank, numel, dtype, seed, device=None):
+    """Rank ``rank``'s input from its ``seed`` (``rank_secrets``): (rank + 1) * 100 plus random integers from 1 to 13,
+    positive and small (exact in float32 sums), and no two ranks' alike."""
+    noise = torch.randint(1, 14, (numel,), generator=generator(seed, numel))
+    return ((rank + 1) * 100 + noise).to(dtype=dtype, device=device or rank_device())
 
 
 def _given_reduce_scatter(calls):
@@ -123,25 +129,32 @@ def _given_reduce_scatter(calls):
     return reduce_scatter
 
 
-def on_rank(fn, kind, cases, name, log_dir=None):
+REPORT = dict(got=torch.Tensor, error=(tuple, type(None)), sends=list, returned=(torch.Tensor, type(None)),
+              sent=(int, float), ops=list, calls=list)  # what on_rank reports a case: observations, no reference
+
+
+def on_rank(fn, kind, cases, name, log_dir, seed):
     """Runs on every rank: each case on a fresh tensor, inside a ledger and a peer log; stops at the first error.
 
     ``kind``: "reduce_scatter" (``fn(tensor)``), "all_gather" (``fn(tensor, ranks)``, on the virtual ranks only, from
     chunk v alone) or "all_reduce" (``fn(tensor, reduce_scatter)``). ``log_dir``: where each rank writes the sends of
-    the case it runs (``PeerLog``), read back if the ranks hang."""
+    the case it runs (``PeerLog``), read back if the ranks hang. ``seed``: this rank's own (``rank_secrets``). Reports
+    what it saw (``REPORT``); the expected values are the checker's to compute (``run_sizes``)."""
     rank, n, out = dist.get_rank(), dist.get_world_size(), []
     ranks = virtual_ranks(n)
     for numel, dtype in cases:
-        original = inputs(rank, numel, dtype)
-        expected = original.clone()
-        dist.all_reduce(expected)  # torch's answer, outside the ledger
+        original = inputs(rank, numel, dtype, seed)
         tensor, returned, error, calls = original.clone(), None, None, []
+        total = original.clone()
+        # torch's sum, outside the ledger: every rank starts each case together (no message crosses into the
+        # next case), and chunk v of the sum is virtual rank v's input to the all-gather; never the reference
+        dist.all_reduce(total)
         if kind == "all_gather":
             tensor.fill_(-1)  # never a sum of positive inputs: a chunk never received shows
             if rank in ranks:
                 v = ranks.index(rank)
                 b = chunk_bounds(numel, len(ranks))
-                tensor[b[v]:b[v + 1]] = expected[b[v]:b[v + 1]]
+                tensor[b[v]:b[v + 1]] = total[b[v]:b[v + 1]]
         log = f"{log_dir}/{rank}" if log_dir else None
         with CommLedger() as ledger, PeerLog(log) as peers:
             try:
@@ -155,9 +168,8 @@ def on_rank(fn, kind, cases, name, log_dir=None):
                 error = caught(exc, name)
         p2p = sum(r.wire_bytes for r in ledger.records if r.op not in COLLECTIVES)
         ops = [r.op for r in ledger.records if r.op in COLLECTIVES]
-        out.append(dict(original=original, expected=expected, got=tensor, error=error, sends=peers.sends,
-                        returned=returned if isinstance(returned, torch.Tensor) else None, sent=p2p, ops=ops,
-                        calls=calls))
+        out.append(dict(got=tensor, error=error, sends=peers.sends, sent=p2p, ops=ops, calls=calls,
+                        returned=returned if isinstance(returned, torch.Tensor) else None))
         if error:
             break
     return out
@@ -178,14 +190,16 @@ def run_sizes(fn, kind, world_sizes, timeout, name, check_case, other_size, part
             raise ValueError(f"world size {n}: an exchange between ranks needs at least 2; use 2 to 8.")
         p, power = 1 << (n.bit_length() - 1), n & (n - 1) == 0
         try:
+            seeds = new_seeds(n)
             with tempfile.TemporaryDirectory(prefix="peer-log-") as log_dir:
                 try:
                     per_rank = launch_answer(on_rank, (fn, kind, cases(p), name, log_dir), n, timeout, name,
-                                             HINTS["deadlock"])
+                                             HINTS["deadlock"], rank_args=rank_args(seeds))
                 except LabCheckFailed as err:
                     if err.mistake == "deadlock" and partners:
                         _hung_partners(n, log_dir, partners)
                     raise
+            _references(reports(per_rank, REPORT, len(cases(p)), n), cases(p), seeds)
             every = [(numel, [r[i] for r in per_rank if i < len(r)]) for i, (numel, _) in enumerate(cases(p))]
             for (numel, ranks), (_, dtype) in zip(every, cases(p)):
                 check_case(n, f"a {numel:,}-element {str(dtype).replace('torch.', '')} tensor", numel, ranks, every)
@@ -197,6 +211,24 @@ def run_sizes(fn, kind, world_sizes, timeout, name, check_case, other_size, part
         passed_power |= power
         last[n] = [r[-1] for r in per_rank]
     return last
+
+
+def _references(per_rank, cases, seeds):
+    """Add to each rank's report of each case what the checker computes itself, from the seeds: ``original``, the
+    rank's input, and ``expected``, the sum of all the ranks' inputs. A ``got`` of another size or type is not a
+    report (``rank_secrets.reports``)."""
+    __tracebackhide__ = True
+    n = len(seeds)
+    for i, (numel, dtype) in enumerate(cases):
+        originals = [inputs(k, numel, dtype, seeds[k], "cpu") for k in range(n)]  # not on a GPU: the checker never is
+        total = torch.stack(originals).sum(0)
+        for k, report in enumerate(per_rank):
+            if i < len(report):
+                if report[i]["got"].shape != (numel,) or report[i]["got"].dtype != dtype:
+                    raise LabCheckFailed("not_a_report", f"rank {k} returned a {tuple(report[i]['got'].shape)} "
+                                         f"{report[i]['got'].dtype} tensor for a {numel:,}-element {dtype} case",
+                                         SECRET_HINTS["not_a_report"], n)
+                report[i].update(original=originals[k], expected=total.clone())
 
 
 def _hung_partners(n, log_dir, partners):

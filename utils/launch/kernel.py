@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import linecache
 import os
+import pickle
 import shutil
 import signal
 import sys
@@ -44,12 +45,13 @@ from .server_handle import rank_server
 
 DEFAULT_TIMEOUT = 180.0  # seconds; pass timeout= for longer cells
 FAILURE_GRACE = 1.0  # seconds the other ranks get to report after the first failure
+SECRET_LIMIT = 60_000  # bytes of rank_args a rank; a pipe holds 64 KiB before a write blocks
 STACK_DUMP_WAIT = 1.0  # seconds to collect the stacks of hung ranks before stopping them
 
 
 
 def run_ranks(fn, *args, world_size, timeout=DEFAULT_TIMEOUT, backend="auto", threads_per_rank=None,
-              process_group=True, verbose=True, **kwargs):
+              process_group=True, verbose=True, rank_args=None, **kwargs):
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks and return their results, ordered by rank.
 
     Each rank starts with the default process group initialised (``dist.get_rank()``,
@@ -65,6 +67,11 @@ def run_ranks(fn, *args, world_size, timeout=DEFAULT_TIMEOUT, backend="auto", th
     each was stuck). ``backend`` is "auto", "gloo" or "nccl"; ``threads_per_rank`` None shares the
     cores out; ``process_group=False`` starts the processes without one (for a library that makes
     its own, like Lightning's ``ddp_notebook``); ``verbose`` prints the plan.
+
+    ``rank_args``: one tuple of plain values per rank, passed after ``args`` to that rank alone, for what one rank may
+    know and its peers may not (a checker's secret inputs, ``utils.checkers.rank_secrets``). They do not travel with
+    the payload: each rank's come on a pipe of its own, which the server hands on unread, and a rank that gets them
+    makes itself undumpable first (``PR_SET_DUMPABLE`` 0), so that no other process of its user reads its memory.
     """
     __tracebackhide__ = True  # IPython and pytest then show the learner's cell, not the launcher
     if not callable(fn):
@@ -72,6 +79,7 @@ def run_ranks(fn, *args, world_size, timeout=DEFAULT_TIMEOUT, backend="auto", th
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}.")
     plan = plan_launch(world_size, backend, threads_per_rank)
+    secrets = _rank_args(rank_args, world_size)
     if verbose:
         print(plan.describe(), flush=True)
     payload = cloudpickle.dumps((fn, args, kwargs))
@@ -85,12 +93,15 @@ def run_ranks(fn, *args, world_size, timeout=DEFAULT_TIMEOUT, backend="auto", th
     try:
         for rank in range(world_size):
             pipes = [os.pipe() for _ in range(3)]  # result, stdout, stderr: (read, write)
+            secret = _secret_pipe(secrets[rank]) if secrets else None  # the read end, already filled
             try:
                 pid = server.launch(RankSetup.for_rank(plan, rank, **same_on_every_rank), payload,
-                                    [w for _, w in pipes])
+                                    [w for _, w in pipes] + ([secret] if secret is not None else []))
             finally:
                 for _, w in pipes:
                     os.close(w)  # the kernel keeps only the read ends, so a dead rank reads as end-of-file
+                if secret is not None:
+                    os.close(secret)
             ranks.append(_Rank(rank, pid, server, *[Connection(r, writable=False) for r, _ in pipes]))
         return _watch(ranks, plan, timeout, server)
     except KeyboardInterrupt:
@@ -100,6 +111,30 @@ def run_ranks(fn, *args, world_size, timeout=DEFAULT_TIMEOUT, backend="auto", th
     finally:
         _stop(ranks, server)
         shutil.rmtree(rendezvous, ignore_errors=True)
+
+
+def _rank_args(rank_args, world_size):
+    """Each rank's ``rank_args``, pickled (plain values, at most a pipe's capacity each); None when there are none."""
+    if rank_args is None:
+        return None
+    if not isinstance(rank_args, (list, tuple)) or len(rank_args) != world_size or not all(
+            isinstance(a, tuple) for a in rank_args):
+        raise ValueError(f"rank_args must hold one tuple per rank ({world_size}), got {rank_args!r:.200}.")
+    out = [pickle.dumps(a) for a in rank_args]
+    if max(map(len, out)) > SECRET_LIMIT:
+        raise ValueError(f"rank_args of {max(map(len, out)):,} bytes for one rank: they travel in a pipe of at most "
+                         f"{SECRET_LIMIT:,}; send a seed and make the data from it on the rank.")
+    return out
+
+
+def _secret_pipe(data):
+    """A pipe holding ``data``: its read end, for the rank, and nothing else open (the data fits in the pipe)."""
+    r, w = os.pipe()
+    try:
+        os.write(w, data)
+    finally:
+        os.close(w)
+    return r
 
 
 def _cell_sources():

@@ -45,8 +45,14 @@ from .plan import RankSetup
 from .restricted import dumps_tensors, restricted
 
 
-def rank_main(setup: RankSetup, payload, result_fd, out_fd, err_fd):
-    """Entry point of every rank process (a child of the server). Never returns."""
+def rank_main(setup: RankSetup, payload, result_fd, out_fd, err_fd, own_fd=None):
+    """Entry point of every rank process (a child of the server). Never returns. ``own_fd``: a pipe holding this
+    rank's own arguments (``run_ranks``'s ``rank_args``), read before anything else runs here."""
+    own = ()
+    if own_fd is not None:
+        undumpable()  # inherited from the server, and set again: our own arguments are ours alone
+        with open(own_fd, "rb") as f:
+            own = pickle.loads(f.read())
     result = Connection(result_fd, readable=False)
     # Our output goes to the kernel's pipes, which prefix it with "[rank k]". Redirecting the file
     # descriptors (not just sys.stdout) also catches C++ warnings and faulthandler's stack dumps.
@@ -80,7 +86,7 @@ def rank_main(setup: RankSetup, payload, result_fd, out_fd, err_fd):
             # init can return on one rank while another is still connecting to it; without this
             # barrier a rank whose fn returns at once can exit and break its peer's connection.
             dist.barrier()
-        value = fn(*args, **kwargs)
+        value = fn(*args, *own, **kwargs)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the kernel
         tb = exc.__traceback__.tb_next or exc.__traceback__  # start at the learner's frame, not this one
         report = dict(time=time.monotonic(), type=type(exc).__name__, message=str(exc),
@@ -136,6 +142,18 @@ def rank_device() -> torch.device:
     if dist.is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def undumpable():
+    """Ask Linux to make this process undumpable (PR_SET_DUMPABLE 0): another process of the same user can then
+    neither ptrace it nor read its memory or open files through /proc (it needs CAP_SYS_PTRACE, which a grader's
+    sandbox drops). Children forked later inherit it."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(4, 0)  # 4 = PR_SET_DUMPABLE
+        except (OSError, AttributeError):
+            pass
 
 
 def die_with_parent():

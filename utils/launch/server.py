@@ -6,7 +6,8 @@ at all; once it has asked CUDA anything, a forked child cannot use CUDA; once it
 matmul, GNU OpenMP's thread pool does not survive a fork. And a freshly *spawned* interpreter
 (what ``torchrun`` starts) takes seconds to import torch.
 
-So each kernel starts one server, ``python -m utils.launch.server FD``: a fresh interpreter (exec'd,
+So each kernel starts one server, ``python -m utils.launch.server FD`` (a grader's, in its sandbox, adds
+``--sandboxed``: the server then makes itself undumpable, ``rank.undumpable``): a fresh interpreter (exec'd,
 not forked) that imports torch and the heavy modules the notebook uses, then does nothing but fork.
 It never runs autograd, CUDA or an OpenMP region, so its children may use all three, and a fork
 costs milliseconds. It is the standard library's ``forkserver`` idea, written out here because a
@@ -17,7 +18,9 @@ The kernel talks to it over a Unix socket (``FD``), one pickled message at a tim
 
 - ``("preload", modules, env, sys_path)``: import these too, once; answers ``("preloaded", errors)``;
 - ``("launch", setup, payload)``, followed by three file descriptors (the rank's result, stdout
-  and stderr pipes): fork a rank that runs ``rank.rank_main``; answers ``("started", pid)``;
+  and stderr pipes) and maybe a fourth (the read end of a pipe holding the rank's own arguments, ``run_ranks``'s
+  ``rank_args``, which the server hands on unread): fork a rank that runs ``rank.rank_main``; answers
+  ``("started", pid)``;
 - ``("signal", pid, signum, group, alone)``: send a rank (or its process group) a signal: a server in a sandbox
   has a process namespace of its own, so only it knows which process a rank's number is;
 - and, whenever a rank ends, the server says ``("exited", pid, exit_code)`` by itself.
@@ -37,16 +40,18 @@ import socket
 import sys
 from multiprocessing.connection import Connection, wait
 
-from .rank import die_with_parent, rank_main
+from .rank import die_with_parent, rank_main, undumpable
 from .children import send_signal
 
 PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "torch.nn.functional", "cloudpickle", "numpy")
 
 
-def main(fd: int):
+def main(fd: int, sandboxed: bool = False):
     conn = Connection(fd)  # pickled messages, framed
     sock = socket.socket(fileno=os.dup(fd))  # the same socket, for the file descriptors that come along
     die_with_parent()  # Linux kills this server if the kernel dies (the socket's end-of-file also tells us)
+    if sandboxed:  # a grader's: ranks' own arguments pass through here, beside other processes of the answer's user
+        undumpable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a kernel interrupt is the kernel's to handle
     _preload(PRELOAD)
     import torch
@@ -85,7 +90,7 @@ def main(fd: int):
                 send_signal(pid, signum, group, alone)
         elif message[0] == "launch":
             _, setup, payload = message
-            _, fds, _, _ = socket.recv_fds(sock, 1, 3)
+            _, fds, _, _ = socket.recv_fds(sock, 1, 4)
             pid = os.fork()
             if pid == 0:  # the rank: forget the server, then run (rank_main never returns)
                 os.setpgid(0, 0)  # its own process group: the kernel stops it with whatever it started
@@ -142,4 +147,4 @@ def _kill(pid):
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), sandboxed="--sandboxed" in sys.argv[2:])

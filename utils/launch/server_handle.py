@@ -66,7 +66,7 @@ class RankServer:
         command = [sys.executable, "-m", "utils.launch.server", str(theirs.fileno())]
         if SERVER_WRAPPER is not None:  # a sandbox: never the test suite's warm fork, which would be outside it
             # its output not the answer's that started it: the server may outlive that answer (its learner's next)
-            self.proc = subprocess.Popen(SERVER_WRAPPER(command), pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen(SERVER_WRAPPER([*command, "--sandboxed"]), pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         else:
             self.proc = warm_rank_server(theirs.fileno(), env, root) or subprocess.Popen(

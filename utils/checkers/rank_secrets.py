@@ -1,0 +1,80 @@
+"""Inputs only one rank holds: what makes a rank's report an observation the checker can verify.
+
+A checker's rank function runs in the rank, beside the learner's code, in one process: whatever it computes there
+the learner's code can replace (a class body that patches the checker when the notebook's definitions run). So a
+checker does not take its references from a rank. It gives each rank a random seed of its own (``new_seeds``,
+through ``run_ranks``'s ``rank_args``: each rank's on a pipe of its own, never in the payload every rank gets, and a
+rank that holds one is undumpable, so a peer cannot read it from its memory). The rank makes its inputs from its seed
+(``generator``); the checker, which holds every seed, makes the same inputs and computes the expected result in its own
+process, where no learner code runs (in the workshop's grader that is the judge, outside the sandbox). A rank's
+report is then checked for its shape (``reports``), its ``expected`` and ``original`` replaced by the checker's own.
+
+What this buys: no answer reaches the right values without moving data between its ranks, so a stub that patches
+the checker fails, whatever its ranks report about the values. What it does not: how the ranks moved the data (their
+messages, bytes and collectives, seen by ``PeerLog`` and ``CommLedger`` in the rank) is observed beside the
+answer's code, and an answer that patches those observers can hide a forbidden collective. Telling that apart would
+need the messages watched outside the ranks' processes.
+"""
+
+import secrets
+
+import torch
+
+from .common import LabCheckFailed
+
+__all__ = ["HINTS", "new_seeds", "rank_args", "generator", "reports"]
+
+HINTS = {
+    "not_a_report": "the ranks sent back something the checker's own rank function never returns (other cases, "
+                    "other fields, other types): code in your notebook replaced or changed the checker. Leave "
+                    "utils.checkers alone, restart the kernel and run the notebook from the top.",
+}
+
+
+def new_seeds(world_size):
+    """One fresh random seed per rank (62 bits each), from the operating system's generator: nothing a rank can
+    guess from its rank, the time or its peers' seeds."""
+    return [secrets.randbits(62) for _ in range(world_size)]
+
+
+def rank_args(seeds):
+    """``run_ranks``'s ``rank_args`` for these seeds: rank k gets ``seeds[k]``, appended to its arguments."""
+    return [(seed,) for seed in seeds]
+
+
+def generator(seed, *salt):
+    """A CPU ``torch.Generator`` for ``seed`` and this case (``salt``: small non-negative integers, e.g. the case's
+    element count), the same in the rank and in the checker."""
+    mixed = seed
+    for value in salt:
+        mixed = (mixed * 1_000_003 + int(value)) % (1 << 63)
+    return torch.Generator().manual_seed(mixed)
+
+
+def reports(per_rank, fields, cases, world_size, label="the ranks"):
+    """Check the ranks' reports have the shape the checker's rank function gives them, and return them.
+
+    ``per_rank``: what each rank returned, a list of one dict a case; ``fields``: {name: type or tuple of types,
+    or None for anything}; ``cases``: how many the rank ran. A list may be shorter only where its last case holds an
+    ``error`` (the rank function stops there). Anything else raises ``LabCheckFailed("not_a_report")``."""
+    __tracebackhide__ = True
+
+    def refuse(what):
+        raise LabCheckFailed("not_a_report", f"{label}: {what}", HINTS["not_a_report"], world_size)
+
+    if not isinstance(per_rank, list) or len(per_rank) != world_size:
+        refuse(f"{world_size} reports expected, one a rank; got {type(per_rank).__name__}")
+    for k, report in enumerate(per_rank):
+        if not isinstance(report, list) or not 1 <= len(report) <= cases:
+            refuse(f"rank {k} returned {type(report).__name__} of {len(report) if isinstance(report, list) else '?'} "
+                   f"case(s); the checker's rank function returns a list of 1 to {cases}")
+        for i, case in enumerate(report):
+            if not isinstance(case, dict) or set(case) != set(fields):
+                refuse(f"rank {k}, case {i}: fields {sorted(case) if isinstance(case, dict) else type(case).__name__}, "
+                       f"expected {sorted(fields)}")
+            for name, kind in fields.items():
+                if kind is not None and not isinstance(case[name], kind):
+                    refuse(f"rank {k}, case {i}: {name} is a {type(case[name]).__name__}")
+        if len(report) < cases and not report[-1].get("error"):
+            refuse(f"rank {k} stopped after {len(report)} of {cases} cases without an error")
+    return per_rank
