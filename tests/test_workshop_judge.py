@@ -315,3 +315,16 @@ def test_the_judge_quotes_only_the_lines_it_holds(tmp_path, monkeypatch):
     assert quoted_line(str(secret), 1) == ""
     linecache.cache["06_pipeline_lab.ipynb, cell 3"] = (10, None, ["x = 1\n", "y = 2\n"], "06_pipeline_lab.ipynb, cell 3")
     assert quoted_line("06_pipeline_lab.ipynb, cell 3", 2) == "y = 2" and quoted_line("06_pipeline_lab.ipynb, cell 3", 9) == ""
+
+
+def test_the_teachers_environment_reaches_a_judge_by_name_only(monkeypatch):
+    """The ranks get their judge's environment (run_ranks), and an answer's code may print it into a verdict: only
+    what Python, torch and the course read gets there, never a password the teacher's shell holds (issue 37)."""
+    monkeypatch.setenv("HUB_PASSWORD", "the hub's password")
+    monkeypatch.setenv("SOME_API_TOKEN", "a token")
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    env = grader.judge_env()
+    assert "HUB_PASSWORD" not in env and "SOME_API_TOKEN" not in env, sorted(env)
+    assert env["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL" and env["OMP_NUM_THREADS"] == "2", sorted(env)
+    assert env["PATH"] and str(grader.ROOT) in env["PYTHONPATH"].split(os.pathsep)

@@ -475,12 +475,23 @@ class Judge:
 
 # --- in the grader -----------------------------------------------------------------------------------------------
 
+# What of the teacher's environment reaches a judge, and through its ranks the answers' code (run_ranks gives every rank
+# the environment of the process that launches it): what Python, torch, its backends and BLAS libraries, CUDA and the
+# course read, by name or prefix; never the rest (the hub's password, a token, whatever the teacher's shell holds)
+JUDGE_ENV = ("PATH", "PYTHONPATH", "PYTHONHASHSEED", "PYTHONIOENCODING", "HOME", "TMPDIR", "LANG", "LC_", "TZ", "TERM",
+             "LD_LIBRARY_PATH", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH_", "CUDA_", "NCCL_", "GLOO_", "NVIDIA_",
+             "TRITON_", "COURSE_")
+
+
 def judge_env():
-    """The judges' environment: the course on the path, one thread, no rendezvous of the grader's."""
+    """The judges' environment: the course on the path, one thread, no rendezvous of the grader's, and of the
+    teacher's variables only those ``JUDGE_ENV`` names (by name, or by prefix for those that end with "_")."""
     def absolute(variable):  # an empty or relative entry is the judge's folder, where an answer's code writes
         return [p for p in os.environ.get(variable, "").split(os.pathsep) if os.path.isabs(p)]
 
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg",
+    kept = {k: v for k, v in os.environ.items() if k in JUDGE_ENV or any(
+        k.startswith(prefix) for prefix in JUDGE_ENV if prefix.endswith("_"))}
+    env = dict(kept, PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg",
                PYTHONPATH=os.pathsep.join([str(ROOT), *absolute("PYTHONPATH")]), PATH=os.pathsep.join(absolute("PATH")),
                OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), HOME=tempfile.gettempdir())
     env.pop("MASTER_ADDR", None), env.pop("MASTER_PORT", None)
