@@ -274,7 +274,6 @@ def test_what_a_hostile_reader_planted(learner, tmp_path):
     assert time.perf_counter() - start < 120, "a message took the judge minutes to read"
 
 
-@pytest.mark.skipif(not SANDBOX, reason="the ranks in the sandbox")
 def _forged_verdict(tmp_path, source):
     path = tmp_path / "forger" / "01a_halving_reduce_scatter_lab.ipynb"
     path.parent.mkdir()
@@ -283,6 +282,7 @@ def _forged_verdict(tmp_path, source):
                              smoke=True, timeout=240, sandbox=True)
 
 
+@pytest.mark.skipif(not SANDBOX, reason="the ranks in the sandbox")
 @pytest.mark.parametrize("kind", sorted(FORGED_RANKS))
 def test_a_stub_that_replaces_the_checkers_rank_function_does_not_pass(tmp_path, kind):
     source, wanted = FORGED_RANKS[kind]
@@ -291,6 +291,7 @@ def test_a_stub_that_replaces_the_checkers_rank_function_does_not_pass(tmp_path,
     assert (verdict.verdict if wanted == "mistake" else verdict.mistake) == wanted, verdict
 
 
+@pytest.mark.skipif(not SANDBOX, reason="the ranks in the sandbox")
 @pytest.mark.xfail(strict=True, reason="issue 37, part 3, the limit: how the ranks moved the data is observed in "
                    "their own processes, beside the answer's code; a patch of the checker's observers hides torch's "
                    "collective (utils.checkers.rank_secrets)")

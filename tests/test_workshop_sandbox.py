@@ -145,16 +145,22 @@ for secret in (False, True):
                                                                   for what in ("environ", "mem", "fd/0")], done
 
 
-def test_a_rank_with_its_own_arguments_gets_them_alone_and_is_undumpable():
-    """``rank_args`` reach their rank only, after the shared arguments, and that rank is undumpable; a rank without
-    any stays dumpable (a notebook's ranks: the learner's debugger may attach; a grader's server, in its sandbox, is
-    undumpable, and so are its ranks)."""
-    from utils.launch import run_ranks
+def test_a_rank_gets_its_own_arguments_alone_and_a_graders_ranks_are_undumpable(monkeypatch):
+    """``rank_args`` reach their rank only, after the shared arguments. A notebook's ranks stay dumpable (the learner's
+    debugger may attach); a server started the grader's way (through ``SERVER_WRAPPER``, here one that wraps nothing)
+    makes itself undumpable, and so are the ranks it forks."""
+    from utils.launch import run_ranks, server_handle
 
     def report(shared, *own):
         import ctypes
         return shared, own, ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)  # 3 = PR_GET_DUMPABLE
 
     assert run_ranks(report, "all", world_size=2, rank_args=[(10,), (11,)], verbose=False) == [
-        ("all", (10,), 0), ("all", (11,), 0)]
-    assert [dumpable for *_, dumpable in run_ranks(report, "all", world_size=2, verbose=False)] == [1, 1]
+        ("all", (10,), 1), ("all", (11,), 1)]
+    server_handle.stop_rank_server()
+    monkeypatch.setattr(server_handle, "SERVER_WRAPPER", lambda argv: argv)
+    try:
+        assert run_ranks(report, "all", world_size=2, rank_args=[(10,), (11,)], verbose=False) == [
+            ("all", (10,), 0), ("all", (11,), 0)]
+    finally:
+        server_handle.stop_rank_server()

@@ -529,3 +529,47 @@ def test_unpaired_is_said_only_when_every_failure_is_an_echo():
     own = dict(type="IndexError", message="list index out of range", secondary=False)
     assert unpaired_message(RankError("", 0, {0: echo, 2: own}, [1, 3])) is None  # a real error: a crash, shown
     assert unpaired_message(RankError("", 0, {0: echo}, [])) is None  # nobody finished: not this
+
+
+# ------------------------------------------------------------------ no rank holds the reference (issue 37, part 3)
+
+def _peek_on_rank(kind, seed):
+    """The checker's own rank function, with an answer that records every tensor of the answer's size it finds in
+    the variables of its callers (``sys._getframe``), as an answer's code may; returns what it found."""
+    from utils.checkers.halving_doubling import cases, on_rank
+
+    seen = []
+
+    def peek(tensor, *rest):
+        frame = sys._getframe(1)
+        while frame is not None:
+            seen.extend(v.clone() for v in list(frame.f_locals.values())
+                        if isinstance(v, torch.Tensor) and v is not tensor and v.numel() == tensor.numel())
+            frame = frame.f_back
+
+    on_rank(peek, kind, cases(1 << (dist.get_world_size().bit_length() - 1)), "peek", None, seed)
+    return seen
+
+
+@pytest.mark.parametrize("kind", ["reduce_scatter", "all_gather", "all_reduce"])
+def test_no_rank_holds_the_expected_result_for_an_answer_to_read(kind):
+    """Each rank gets a seed of its own and the checker computes the expected result itself: in a rank, an answer that
+    reads its callers' variables finds its own input, never the sum (nor, for the all-gather, another rank's chunk)."""
+    from utils.checkers.halving_doubling import cases, inputs
+    from utils.checkers.rank_secrets import new_seeds, rank_args
+    from utils.launch import run_ranks
+
+    n = 3
+    seeds = new_seeds(n)
+    found = run_ranks(_peek_on_rank, kind, world_size=n, rank_args=rank_args(seeds), verbose=False)
+    members = virtual_ranks(n)
+    called = members if kind == "all_gather" else range(n)  # on 3 ranks the all-gather leaves rank 0 out
+    assert all(found[k] for k in called), "the answer found no tensor: the peek looks nowhere"  # its own input, at least
+    for k, tensors in enumerate(found):
+        for t in tensors:
+            numel, dtype = next((c for c in cases(2) if c[0] == t.numel() and c[1] == t.dtype))
+            own = [inputs(r, numel, dtype, seeds[r], "cpu") for r in range(n)]
+            assert not torch.equal(t, torch.stack(own).sum(0)), f"rank {k} held the sum"
+            b = chunk_bounds(numel, len(members))
+            assert not any(torch.equal(t[b[v]:b[v + 1]], own[m][b[v]:b[v + 1]]) for v, m in enumerate(members)
+                           if m != k and b[v + 1] > b[v]), f"rank {k} held another rank's chunk"

@@ -31,7 +31,6 @@ from ..comm.subgroup import chunk_bounds, reduce_scatter_chunks
 from ..launch import rank_device
 from .boundaries import element_counts
 from .common import LabCheckFailed, caught, first_error, launch_answer
-from .rank_secrets import HINTS as SECRET_HINTS
 from .rank_secrets import generator, new_seeds, rank_args, reports
 
 COLLECTIVES = set(RING_WIRE_FACTOR) - {"send", "isend", "recv", "irecv", "barrier"}  # all but point-to-point
@@ -117,8 +116,8 @@ def cases(p):
 
 def inputs(rank, numel, dtype, seed, device=None):
     """Rank ``rank``'s input from its ``seed`` (``rank_secrets``): (rank + 1) * 100 plus random integers from 1 to 13,
-    positive and small (exact in float32 sums), and no two ranks' alike."""
-    noise = torch.randint(1, 14, (numel,), generator=generator(seed, numel))
+    positive and small (exact in float32 sums), and no two ranks' alike; another draw for each size and dtype."""
+    noise = torch.randint(1, 14, (numel,), generator=generator(seed, numel, dtype.itemsize))
     return ((rank + 1) * 100 + noise).to(dtype=dtype, device=device or rank_device())
 
 
@@ -139,22 +138,20 @@ def on_rank(fn, kind, cases, name, log_dir, seed):
     ``kind``: "reduce_scatter" (``fn(tensor)``), "all_gather" (``fn(tensor, ranks)``, on the virtual ranks only, from
     chunk v alone) or "all_reduce" (``fn(tensor, reduce_scatter)``). ``log_dir``: where each rank writes the sends of
     the case it runs (``PeerLog``), read back if the ranks hang. ``seed``: this rank's own (``rank_secrets``). Reports
-    what it saw (``REPORT``); the expected values are the checker's to compute (``run_sizes``)."""
+    what it saw (``REPORT``); the expected values are the checker's to compute (``run_sizes``), and no rank holds them:
+    an answer's code can read its caller's variables (``sys._getframe(1).f_locals``)."""
     rank, n, out = dist.get_rank(), dist.get_world_size(), []
     ranks = virtual_ranks(n)
     for numel, dtype in cases:
         original = inputs(rank, numel, dtype, seed)
         tensor, returned, error, calls = original.clone(), None, None, []
-        total = original.clone()
-        # torch's sum, outside the ledger: every rank starts each case together (no message crosses into the
-        # next case), and chunk v of the sum is virtual rank v's input to the all-gather; never the reference
-        dist.all_reduce(total)
+        dist.barrier()  # outside the ledger: every rank starts each case together, no message crosses into the next
         if kind == "all_gather":
-            tensor.fill_(-1)  # never a sum of positive inputs: a chunk never received shows
-            if rank in ranks:
+            tensor.fill_(-1)  # never an input (all positive): a chunk never received shows
+            if rank in ranks:  # virtual rank v starts with chunk v of its own input
                 v = ranks.index(rank)
                 b = chunk_bounds(numel, len(ranks))
-                tensor[b[v]:b[v + 1]] = total[b[v]:b[v + 1]]
+                tensor[b[v]:b[v + 1]] = original[b[v]:b[v + 1]]
         log = f"{log_dir}/{rank}" if log_dir else None
         with CommLedger() as ledger, PeerLog(log) as peers:
             try:
@@ -199,7 +196,7 @@ def run_sizes(fn, kind, world_sizes, timeout, name, check_case, other_size, part
                     if err.mistake == "deadlock" and partners:
                         _hung_partners(n, log_dir, partners)
                     raise
-            _references(reports(per_rank, REPORT, len(cases(p)), n), cases(p), seeds)
+            _references(reports(per_rank, REPORT, len(cases(p)), n), kind, cases(p), seeds)
             every = [(numel, [r[i] for r in per_rank if i < len(r)]) for i, (numel, _) in enumerate(cases(p))]
             for (numel, ranks), (_, dtype) in zip(every, cases(p)):
                 check_case(n, f"a {numel:,}-element {str(dtype).replace('torch.', '')} tensor", numel, ranks, every)
@@ -213,21 +210,21 @@ def run_sizes(fn, kind, world_sizes, timeout, name, check_case, other_size, part
     return last
 
 
-def _references(per_rank, cases, seeds):
+def _references(per_rank, kind, cases, seeds):
     """Add to each rank's report of each case what the checker computes itself, from the seeds: ``original``, the
-    rank's input, and ``expected``, the sum of all the ranks' inputs. A ``got`` of another size or type is not a
-    report (``rank_secrets.reports``)."""
-    __tracebackhide__ = True
+    rank's input, and ``expected``: the sum of all the ranks' inputs, or for the all-gather, chunk v of virtual rank
+    v's input, for every v."""
     n = len(seeds)
+    members = virtual_ranks(n)
     for i, (numel, dtype) in enumerate(cases):
         originals = [inputs(k, numel, dtype, seeds[k], "cpu") for k in range(n)]  # not on a GPU: the checker never is
-        total = torch.stack(originals).sum(0)
+        if kind == "all_gather":
+            b = chunk_bounds(numel, len(members))
+            total = torch.cat([originals[m][b[v]:b[v + 1]] for v, m in enumerate(members)])
+        else:
+            total = torch.stack(originals).sum(0)
         for k, report in enumerate(per_rank):
             if i < len(report):
-                if report[i]["got"].shape != (numel,) or report[i]["got"].dtype != dtype:
-                    raise LabCheckFailed("not_a_report", f"rank {k} returned a {tuple(report[i]['got'].shape)} "
-                                         f"{report[i]['got'].dtype} tensor for a {numel:,}-element {dtype} case",
-                                         SECRET_HINTS["not_a_report"], n)
                 report[i].update(original=originals[k], expected=total.clone())
 
 

@@ -5,15 +5,24 @@ the learner's code can replace (a class body that patches the checker when the n
 checker does not take its references from a rank. It gives each rank a random seed of its own (``new_seeds``,
 through ``run_ranks``'s ``rank_args``: each rank's on a pipe of its own, never in the payload every rank gets, and a
 rank that holds one is undumpable, so a peer cannot read it from its memory). The rank makes its inputs from its seed
-(``generator``); the checker, which holds every seed, makes the same inputs and computes the expected result in its own
-process, where no learner code runs (in the workshop's grader that is the judge, outside the sandbox). A rank's
-report is then checked for its shape (``reports``), its ``expected`` and ``original`` replaced by the checker's own.
+(``generator``); the checker, which holds every seed, makes the same inputs and computes the expected result outside
+the ranks (in the workshop's grader, in the judge, where no learner code runs; in a notebook, in the kernel). A rank's
+report is then checked for its shape (``reports``), and the checker adds its own ``expected`` to it. No rank holds the
+expected result either, not even for a moment: an answer's code can read its caller's variables
+(``sys._getframe(1).f_locals``).
 
-What this buys: no answer reaches the right values without moving data between its ranks, so a stub that patches
-the checker fails, whatever its ranks report about the values. What it does not: how the ranks moved the data (their
-messages, bytes and collectives, seen by ``PeerLog`` and ``CommLedger`` in the rank) is observed beside the
-answer's code, and an answer that patches those observers can hide a forbidden collective. Telling that apart would
-need the messages watched outside the ranks' processes.
+What this buys: an answer that moves no data between its ranks does not reach the right values, so a stub that patches
+the checker's rank function fails, whatever its ranks report. What it does not: how the ranks moved the data (their
+messages, bytes and collectives, seen by ``PeerLog`` and ``CommLedger`` in the rank) is observed beside the answer's
+code, and an answer that patches those observers can hide a forbidden collective, such as torch's own all-reduce
+(planted, an expected failure in tests/test_workshop_judge.py). Telling that apart would need the messages watched
+outside the ranks' processes.
+
+Where a peer could read a seed: the grader's sandbox starts the rank server undumpable (``server.py --sandboxed``), and
+its ranks inherit that, so another process of the answer's user can neither ptrace them nor open their memory or
+file descriptors through /proc; the server hands the pipes on unread, and it runs no learner code (it is started
+with ``-P``: no module of the answer's folder shadows one it imports). In a notebook the ranks stay dumpable (a
+debugger may attach): there the only code beside them is the learner's own.
 """
 
 import secrets
@@ -32,8 +41,9 @@ HINTS = {
 
 
 def new_seeds(world_size):
-    """One fresh random seed per rank (62 bits each), from the operating system's generator: nothing a rank can
-    guess from its rank, the time or its peers' seeds."""
+    """One fresh random seed per rank, from the operating system's generator: nothing a rank can guess from its rank,
+    the time or its peers' seeds. (62 bits each, of which torch's CPU generator keeps 32: guessing a peer's from
+    its data would still need some of that data.)"""
     return [secrets.randbits(62) for _ in range(world_size)]
 
 

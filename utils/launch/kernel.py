@@ -26,6 +26,7 @@ It is the job torchrun does for scripts, cut down to what a notebook needs.
 
 from __future__ import annotations
 
+import fcntl
 import linecache
 import os
 import pickle
@@ -70,8 +71,9 @@ def run_ranks(fn, *args, world_size, timeout=DEFAULT_TIMEOUT, backend="auto", th
 
     ``rank_args``: one tuple of plain values per rank, passed after ``args`` to that rank alone, for what one rank may
     know and its peers may not (a checker's secret inputs, ``utils.checkers.rank_secrets``). They do not travel with
-    the payload: each rank's come on a pipe of its own, which the server hands on unread, and a rank that gets them
-    makes itself undumpable first (``PR_SET_DUMPABLE`` 0), so that no other process of its user reads its memory.
+    the payload: each rank's come on a pipe of its own, which the server hands on unread. In the grader's sandbox the
+    server and its ranks are undumpable (``PR_SET_DUMPABLE`` 0), so that no other process of the answer's user reads
+    them from a rank's memory.
     """
     __tracebackhide__ = True  # IPython and pytest then show the learner's cell, not the launcher
     if not callable(fn):
@@ -128,9 +130,14 @@ def _rank_args(rank_args, world_size):
 
 
 def _secret_pipe(data):
-    """A pipe holding ``data``: its read end, for the rank, and nothing else open (the data fits in the pipe)."""
+    """A pipe holding ``data``: its read end, for the rank, and nothing else open."""
     r, w = os.pipe()
     try:
+        room = fcntl.fcntl(w, fcntl.F_GETPIPE_SZ) if hasattr(fcntl, "F_GETPIPE_SZ") else 4096
+        if len(data) > room:  # the write would wait for a reader that is not there yet (a user over its pipe quota)
+            os.close(r)
+            raise ValueError(f"rank_args of {len(data):,} bytes for one rank, and this pipe holds {room:,}: send a seed "
+                             "and make the data from it on the rank.")
         os.write(w, data)
     finally:
         os.close(w)

@@ -47,12 +47,8 @@ from .restricted import dumps_tensors, restricted
 
 def rank_main(setup: RankSetup, payload, result_fd, out_fd, err_fd, own_fd=None):
     """Entry point of every rank process (a child of the server). Never returns. ``own_fd``: a pipe holding this
-    rank's own arguments (``run_ranks``'s ``rank_args``), read before anything else runs here."""
-    own = ()
-    if own_fd is not None:
-        undumpable()  # inherited from the server, and set again: our own arguments are ours alone
-        with open(own_fd, "rb") as f:
-            own = pickle.loads(f.read())
+    rank's own arguments (``run_ranks``'s ``rank_args``), read before the payload (and any code of the learner's in
+    it) is unpickled."""
     result = Connection(result_fd, readable=False)
     # Our output goes to the kernel's pipes, which prefix it with "[rank k]". Redirecting the file
     # descriptors (not just sys.stdout) also catches C++ warnings and faulthandler's stack dumps.
@@ -70,6 +66,10 @@ def rank_main(setup: RankSetup, payload, result_fd, out_fd, err_fd, own_fd=None)
         # What torchrun would set, for libraries that look (the process group is created below).
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                           LOCAL_WORLD_SIZE=str(world_size))
+        own = ()
+        if own_fd is not None:
+            with open(own_fd, "rb") as f:
+                own = pickle.loads(f.read())
         fn, args, kwargs = cloudpickle.loads(payload)
         torch.set_num_threads(setup.threads_per_rank)
         if setup.device == "cuda":

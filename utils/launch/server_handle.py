@@ -63,7 +63,8 @@ class RankServer:
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds utils/
         path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
         env = dict(os.environ, PYTHONPATH=path)
-        command = [sys.executable, "-m", "utils.launch.server", str(theirs.fileno())]
+        # -P: the folder it starts in (a learner's, in a grader) is not on its path, so no file there shadows a module
+        command = [sys.executable, "-P", "-m", "utils.launch.server", str(theirs.fileno())]
         if SERVER_WRAPPER is not None:  # a sandbox: never the test suite's warm fork, which would be outside it
             # its output not the answer's that started it: the server may outlive that answer (its learner's next)
             self.proc = subprocess.Popen(SERVER_WRAPPER([*command, "--sandboxed"]), pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
