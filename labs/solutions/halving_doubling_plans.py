@@ -3,10 +3,10 @@ the diagnosis that tells the uneven cuts apart. Not an answer to copy, and not f
 ``labs/solutions/``, which the student release leaves out and the grader's sandbox hides.
 
 The shipped checkers (``utils/checkers/halving_reduce_scatter.py``, ``doubling_all_gather.py``,
-``folded_all_reduce.py``) judge by results: each rank's values against ``dist.all_reduce``'s, and its messages (to
-whom, in which order, how many elements) against stored tables of the outputs of the plans below, for the world
-sizes the labs accept and the element counts the checkers run and the labs' notebooks show
-(``utils/checkers/halving_doubling_tables.py``). This module is where those tables come from (``tables``;
+``folded_all_reduce.py``) judge by results: each rank's values against the sum the checker computes from the
+ranks' inputs, and its messages (to whom, in which order, how many elements) against stored tables of the outputs
+of the plans below, for the world sizes the labs accept and the element counts the checkers run and the labs'
+notebooks show (``utils/checkers/halving_doubling_tables.py``). This module is where those tables come from (``tables``;
 tests/checkers/test_halving_doubling.py recomputes every row and fails on a difference), what computes a size the
 tables do not hold, and, where the checker can load it (the teacher's checkout: ``make grade``'s judge, the tests,
 the lab run by its teacher), what names the wrong cut of an answer that is right only when the tensor cuts evenly

@@ -1,8 +1,8 @@
 """The plans labs 01a and 01b judge an answer's messages by, stored as numbers: to whom each rank sends, in which
 order, and how many elements, in recursive halving (lab 01a), recursive doubling and the fold around it (lab 01b).
 
-The checkers judge an answer by its results: each rank's values against ``dist.all_reduce``'s, and the messages it
-sent (``halving_doubling.PeerLog``, ``CommLedger``) against these plans. The release carries no code that plans the
+The checkers judge an answer by its results: each rank's values against the sum the checker computes itself from
+the ranks' inputs, and the messages it sent (``halving_doubling.PeerLog``, ``CommLedger``) against these plans. The release carries no code that plans the
 algorithm (issue 37, part 1): each function below looks its answer up in a table of outputs, written by the teacher's
 side of these checkers (``labs.solutions.halving_doubling_plans``, in the solutions folder, which the student
 release leaves out and the grader's sandbox hides: ``python -m labs.solutions.halving_doubling_plans`` prints the
