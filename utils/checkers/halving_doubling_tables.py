@@ -1,17 +1,18 @@
 """The plans labs 01a and 01b judge an answer's messages by, stored as numbers: to whom each rank sends, in which
 order, and how many elements, in recursive halving (lab 01a), recursive doubling and the fold around it (lab 01b).
 
-The checkers judge an answer by its results: each rank's values against the sum the checker computes itself from
-the ranks' inputs, and the messages it sent (``halving_doubling.PeerLog``, ``CommLedger``) against these plans. The release carries no code that plans the
-algorithm (issue 37, part 1): each function below looks its answer up in a table of outputs, written by the teacher's
-side of these checkers (``labs.solutions.halving_doubling_plans``, in the solutions folder, which the student
-release leaves out and the grader's sandbox hides: ``python -m labs.solutions.halving_doubling_plans`` prints the
-tables), and tests/checkers/test_halving_doubling.py recomputes every row and fails on a difference. The tables hold
-every world size the labs accept (2 to 8; p = 2, 4, 8 for the plans among a power of two), the element counts of
-``halving_doubling.cases(p)``, which the checkers run, and those the labs' notebooks print and measure. A destination
-list is the same at every element count, so it is stored once per world size (``*_PARTNERS``), the elements per
-world size and element count (``*_ELEMENTS``). A size the tables do not hold is computed by the teacher's module
-where the course holds it (the teacher's checkout); in the release it raises a ValueError naming the sizes held.
+The checkers judge an answer by its results: each rank's values against the sum the checker computes itself from the
+ranks' inputs, and the messages it sent (``halving_doubling.PeerLog``, ``CommLedger``) against these plans. The
+release carries no code that plans the algorithm (issue 37, part 1): each function below looks its answer up in a
+table of outputs, written by the teacher's side of these checkers (``labs.solutions.halving_doubling_plans``, in the
+solutions folder, which the student release leaves out and the grader's sandbox hides: ``python -m
+labs.solutions.halving_doubling_plans`` prints the tables), and tests/checkers/test_halving_doubling.py recomputes
+every row and fails on a difference. The tables hold every world size the labs accept (2 to 8; p = 2, 4, 8 for the
+plans among a power of two), the element counts of ``halving_doubling.cases(p)``, which the checkers run, and those
+the labs' notebooks print and measure. A destination list is the same at every element count, so it is stored once per
+world size (``*_PARTNERS``), the elements per world size and element count (``*_ELEMENTS``). A size the tables do not
+hold is computed by the teacher's module where the course holds it (the teacher's checkout); in the release it raises
+a ValueError naming the sizes held.
 """
 
 from ..launch.scripts import ROOT
