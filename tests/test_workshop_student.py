@@ -132,8 +132,6 @@ def test_nbgrader_makes_the_same_release(built, tmp_path):
 # teacher's side (make grade) and judges the release by results. IDIOM: a line any such code has, not the answer.
 CHECKER, IDIOM = "a checker carries the answer's logic (issue 37, part 1)", "a common idiom, not the answer"
 KNOWN_LOGIC = {
-    ("halving_doubling.py", "halving_reduce_scatter", "utils/checkers/halving_reduce_scatter.py"): CHECKER,
-    ("halving_doubling.py", "halving_doubling_all_reduce", "utils/checkers/halving_doubling.py"): CHECKER,
     ("ddp.py", "BucketedDDP", "notebooks/08a_lightning_strategies.ipynb"): IDIOM,  # [*params, *buffers]
     ("ddp.py", "BucketedDDP", "utils/checkers/zero.py"): IDIOM,  # flat.split([p.numel() for p in bucket])
     ("zero.py", "BucketedZeRO2", "utils/checkers/zero.py"): IDIOM,  # torch.cat([p.grad.reshape(-1) for p in bucket])

@@ -9,6 +9,9 @@ labs' notebooks run in tests/test_notebooks.py; what every lab shares (the refer
 the notebook runs at, the stubs raise their own error) in tests/test_every_lab.py, through utils.checkers.labs.
 """
 
+import copy
+import json
+import re
 import sys
 
 import pytest
@@ -21,6 +24,7 @@ from lab_grading import expect_panel, expect_raised, expect_rejection
 from utils.course.notebook_runner import ROOT
 from utils.comm.p2p import sendrecv
 from utils.comm.subgroup import chunk_bounds
+from utils.checkers import halving_doubling_tables as tables
 from utils.checkers.doubling_all_gather import check_doubling_all_gather
 from utils.checkers.folded_all_reduce import check_halving_doubling_all_reduce, plan
 from utils.checkers.halving_doubling import virtual_ranks
@@ -30,6 +34,8 @@ from utils.checkers.halving_reduce_scatter import check_halving_reduce_scatter, 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
 from solutions.halving_doubling import (  # noqa: E402
     doubling_all_gather, halving_doubling_all_reduce, halving_reduce_scatter)
+
+plans = tables.teacher_plans()  # the teacher's side of the checkers: the plans computed, the uneven cuts told apart
 
 
 # ------------------------------------------------------------------ lab 01a, reduce-scatter by recursive halving
@@ -176,7 +182,7 @@ def calling_all_reduce(tensor, *given):
     dist.all_reduce(tensor)
 
 
-def test_halving_plan_sends_half_the_range():
+def test_halving_plan_sends_half_the_range():  # sizes the tables do not hold: the teacher's module computes them
     assert halving_plan(8, 4) == {0: ([2, 1], 6), 1: ([3, 0], 6), 2: ([0, 3], 6), 3: ([1, 2], 6)}
     assert halving_plan(5, 4) == {0: ([2, 1], 3), 1: ([3, 0], 4), 2: ([0, 3], 4), 3: ([1, 2], 4)}  # chunks 2 1 1 1
 
@@ -393,6 +399,110 @@ def all_reduce_averaged(tensor, reduce_scatter):
 def test_all_reduce_rejects(wrong, world_sizes, mistake, phrase):
     expect_rejection(check_halving_doubling_all_reduce, wrong, world_sizes=world_sizes, timeout=10, mistake=mistake,
                      phrase=phrase)
+
+
+# ------------------------------------------------------------------ the stored plans, and the checkers as released
+
+TABLES = ("VIRTUAL_RANKS", "HALVING_PARTNERS", "HALVING_ELEMENTS", "DOUBLING_PARTNERS", "DOUBLING_ELEMENTS",
+          "FOLDED_PARTNERS", "FOLDED_ELEMENTS")
+
+
+def test_the_stored_plans_are_the_teachers():
+    """The tables the shipped checkers judge by are what the teacher's module computes, row for row; each function
+    that looks them up gives the teacher's function's output at every size held; a planted change of one element
+    of one row is found."""
+    found = plans.tables()
+    assert sorted(found) == sorted(TABLES)
+    stored = {name: getattr(tables, name) for name in TABLES}
+    stale = plans.differences(stored, found)
+    assert stale == [], ("the tables in utils/checkers/halving_doubling_tables.py are not what the teacher's module "
+                         "computes: paste the output of `python -m labs.solutions.halving_doubling_plans` there.\n"
+                         + "\n".join(stale))
+    for n in tables.VIRTUAL_RANKS:
+        assert tables.virtual_ranks(n) == plans.virtual_ranks(n), n
+    for numel, p in tables.HALVING_ELEMENTS:
+        assert tables.halving_plan(numel, p) == plans.halving_plan(numel, p), (numel, p)
+    for numel, p in tables.DOUBLING_ELEMENTS:
+        for ranks in (r for r in tables.DOUBLING_PARTNERS if len(r) == p):
+            assert tables.doubling_plan(numel, ranks) == plans.doubling_plan(numel, ranks), (numel, ranks)
+    for n, numel in tables.FOLDED_ELEMENTS:
+        assert list(tables.folded_plan(n, numel).items()) == list(plans.folded_plan(n, numel).items()), (n, numel)
+    planted = copy.deepcopy(stored)
+    row = list(planted["FOLDED_ELEMENTS"][5, 25003])
+    row[3] += 1  # one element more for rank 3 of 5
+    planted["FOLDED_ELEMENTS"][5, 25003] = tuple(row)
+    assert [line.split(":")[0] for line in plans.differences(planted, found)] == ["FOLDED_ELEMENTS[(5, 25003)]"]
+
+
+def test_the_tables_hold_every_size_the_checkers_and_the_labs_run():
+    """Every case of halving_doubling.cases(p) on every world size the labs accept, and every element count the labs'
+    notebooks pass to halving_plan and plan (their loops, SMOKE or not, and their literal calls): the release has no
+    other."""
+    from utils.checkers.halving_doubling import cases
+    from utils.checkers.labs import LABS
+
+    run = set()  # every world size a check cell runs, at any WORLD_SIZE it accepts
+    for lab in ("01a_halving_reduce_scatter_lab", "01b_doubling_all_gather_lab"):
+        for part in LABS[lab].parts:
+            run |= {size for n in range(1, 17) for size in _sizes_run(part, n)}
+        cells = json.loads((ROOT / "labs" / f"{lab}.ipynb").read_text())["cells"]
+        source = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        shown = {int(numel) for numel in re.findall(r"\bplan\(\w+, (\d+)\)", source)}
+        for loop in re.findall(r"for numel in (\(.+\)):", source):
+            shown |= {numel for smoke in (True, False) for numel in eval(loop, {"SMOKE": smoke})}
+        assert shown, f"{lab}: no element count found in its cells"
+        assert shown <= set(plans.SHOWN), f"{lab} shows {sorted(shown - set(plans.SHOWN))}: add them to SHOWN"
+    assert run == set(plans.WORLD_SIZES) == set(tables.VIRTUAL_RANKS)
+    for n in plans.WORLD_SIZES:
+        p = 1 << (n.bit_length() - 1)
+        for numel, _ in cases(p):
+            assert {(numel, p)} <= set(tables.HALVING_ELEMENTS) & set(tables.DOUBLING_ELEMENTS), (numel, p)
+        for numel in {numel for numel, _ in cases(p)} | set(plans.SHOWN):
+            assert (n, numel) in tables.FOLDED_ELEMENTS and (numel, p) in tables.HALVING_ELEMENTS, (n, numel)
+
+
+def _sizes_run(part, world_size):
+    """The world sizes the lab's check cell (``Part.call``) runs at the notebook's ``world_size``, SMOKE or not; none
+    where it refuses that WORLD_SIZE."""
+    sizes = []
+    for smoke in (True, False):
+        try:
+            part.call(lambda fn, world_sizes, timeout: sizes.extend(world_sizes), dict.fromkeys(part.needs), world_size,
+                      smoke)
+        except ValueError:
+            return []
+    return sizes
+
+
+@pytest.fixture
+def as_released(monkeypatch, tmp_path):
+    """The checkers as the student release runs them: the teacher's module is not there to load."""
+    monkeypatch.setattr(tables, "PLANS", tmp_path / "halving_doubling_plans.py")
+    assert tables.teacher_plans() is None
+
+
+def test_as_released_the_references_pass(as_released):
+    assert "world_size=4" in str(check_halving_reduce_scatter(halving_reduce_scatter, world_sizes=(2, 4)))
+    assert "world_size=3" in str(check_halving_doubling_all_reduce(halving_doubling_all_reduce, world_sizes=(2, 3)))
+
+
+@pytest.mark.parametrize("wrong, world_sizes", [(halving_elements, (2, 4)), (halving_losing_odd, (2,)),
+                                                (halving_remainder_last, (4,))],
+                         ids=lambda v: getattr(v, "__name__", None))
+def test_as_released_an_uneven_cut_is_uneven(as_released, wrong, world_sizes):
+    """Without the teacher's module nothing tells the wrong cuts apart: the generic verdict, whose hint names them."""
+    expect_rejection(check_halving_reduce_scatter, wrong, world_sizes=world_sizes, timeout=10, mistake="uneven",
+                     phrase="Several mistakes give this symptom")
+
+
+def test_as_released_a_size_not_held_is_an_error_naming_those_held(as_released):
+    with pytest.raises(ValueError, match=r"halving_plan\(5, 4\): not in the stored plans .* on 4 ranks 1, 3, 16, 17"):
+        halving_plan(5, 4)
+    with pytest.raises(ValueError, match=r"plan\(3, 11\): .* on 3 ranks 1, 8, 9, 10, 120"):
+        plan(3, 11)
+    with pytest.raises(ValueError, match=r"world sizes \[16\]: .* hold world sizes \[2, 3, 4, 5, 6, 7, 8\]"):
+        check_halving_reduce_scatter(halving_reduce_scatter, world_sizes=(2, 16))
+    assert plan(3, 10) == {0: ([1], 10), 1: ([2, 0], 15), 2: ([1], 5)}  # a size held: from the table
 
 
 # ------------------------------------------------------------------ an exception in the answer's own code

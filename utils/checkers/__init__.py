@@ -6,6 +6,8 @@
   what to try next) instead of a traceback through checker code (``LabCheckFailed._render_traceback_``).
 - ``harness``: every call into learner code, in the kernel (``learner_call``) and in the ranks (``caught``): what
   the answer raises is the mistake ``raised``, with the answer's own line.
+- ``teacher_side``: a checker's teacher's side, a module of ``labs/solutions/`` loaded by path where the course
+  holds it (lab 09's search, labs 01a and 01b's plans); None in the student release and the grader's sandbox.
 - ``answer_side``: where the learner's code runs when the workshop's grader holds it by name (``AnswerRef``): in
   the ranks, and in one sandboxed answer process for the steps marked ``@answer_side``, never in the judge.
 - ``rank_secrets``: inputs only one rank holds (a seed each, on a pipe of its own): the checker computes the
@@ -15,7 +17,8 @@
   (``Guard``), so that no alias, ``partial``, thread or pool task reaches them unseen.
 - ``boundaries``: the hard cases every checker tries, from one place (world sizes with a non-power-of-two above
   4, element counts, bucket caps filled exactly or missed by one, logits far apart), each with its kind.
-- ``halving_doubling``: what labs 01a and 01b share (the peer log, the cases, the pattern check, ``virtual_ranks``).
+- ``halving_doubling``: what labs 01a and 01b share (the peer log, the cases, the pattern check, ``virtual_ranks``);
+  ``halving_doubling_tables``: the plans their messages are judged by, stored as numbers (issue 37).
 - ``halving_reduce_scatter``: lab 01a, ``check_halving_reduce_scatter``.
 - ``doubling_all_gather``: lab 01b, ``check_doubling_all_gather``.
 - ``folded_all_reduce``: lab 01b, ``check_halving_doubling_all_reduce``.

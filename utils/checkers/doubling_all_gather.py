@@ -12,6 +12,7 @@ from .common import CheckResult, LabCheckFailed, raise_if_error
 from .halving_doubling import HINTS as SHARED
 from .halving_doubling import check_partners, collectives_and_errors, doubling_plan, pattern, run_sizes
 from .halving_doubling import virtual_ranks, wrong_at
+from .halving_doubling_tables import check_world_sizes_held
 
 NAME = "doubling_all_gather"
 
@@ -80,6 +81,7 @@ def check_doubling_all_gather(fn, world_sizes=(2, 3, 4), timeout=20.0):
     Returns a ``CheckResult``; raises ``LabCheckFailed`` with a hint.
     """
     __tracebackhide__ = True
+    check_world_sizes_held(world_sizes)
     last = run_sizes(fn, "all_gather", world_sizes, timeout, NAME, _check_case, _other_size, _partners)
     lines = []
     for n, ranks in last.items():

@@ -6,16 +6,19 @@ ranks)`` it is given (torch's, ``utils.comm.subgroup.reduce_scatter_chunks``; th
 notes each call), gathers with its recursive doubling and unfolds. Besides the values, the checker
 demands that the given reduce-scatter is the only collective, called once on each of the p ranks with
 ``ranks = virtual_ranks(n)``, and that the point-to-point messages are the fold's, the all-gather's and
-the unfold's, to the right ranks, with the right bytes.
+the unfold's, to the right ranks, with the right bytes: ``plan(n, numel)``, a stored table
+(``utils.checkers.halving_doubling_tables.folded_plan``).
 """
 
 import torch
 
 from .common import CheckResult, LabCheckFailed, raise_if_error
 from .halving_doubling import HINTS as SHARED
-from .halving_doubling import check_partners, collectives_and_errors, doubling_plan, pattern, run_sizes
+from .halving_doubling import check_partners, collectives_and_errors, pattern, run_sizes
 from .halving_doubling import value_mistake
 from .halving_doubling import virtual_ranks, wrong_at
+from .halving_doubling_tables import check_world_sizes_held
+from .halving_doubling_tables import folded_plan as plan  # {rank: (destinations, elements)}: fold, all-gather, unfold
 from .doubling_all_gather import HINTS as GATHER_HINTS
 
 NAME = "halving_doubling_all_reduce"
@@ -41,15 +44,6 @@ HINTS = {
 }
 
 
-def plan(n, numel):
-    """{rank: (destinations in order, elements sent)}: the fold, the all-gather among the p, the unfold."""
-    members, folded = virtual_ranks(n), n - (1 << (n.bit_length() - 1))
-    out = {k: ([k + 1], numel) for k in range(0, 2 * folded, 2)}  # even ranks below 2 rem: their whole tensor
-    for k, (dests, elements) in doubling_plan(numel, members).items():
-        out[k] = (dests + [k - 1], elements + numel) if k < 2 * folded else (dests, elements)  # + the unfold
-    return out
-
-
 def _partners(n, numel):
     """{rank: the ranks it sends to, in order}: the fold's, the all-gather's, the unfold's."""
     return {k: dests for k, (dests, _) in plan(n, numel).items()}
@@ -64,7 +58,7 @@ def _check_case(n, label, numel, ranks, every=()):
         got, exp, orig = ([r[key] for r in ranks] for key in ("got", "expected", "original"))
         wrong = [k for k in range(n) if not torch.equal(got[k], exp[k])]
         if wrong:
-            folded = set(range(0, 2 * (n - len(members)), 2))
+            folded = set(range(n)) - set(members)  # the even ranks below 2 rem, which sit out
             dropped = sum(orig[k] for k in range(n) if k not in folded)  # the checker's own inputs (run_sizes)
             mistake = value_mistake(n, got, exp, orig, ranks)
             if mistake is None:
@@ -105,6 +99,7 @@ def check_halving_doubling_all_reduce(fn, world_sizes=(2, 3, 4), timeout=20.0):
     ``LabCheckFailed`` with a hint.
     """
     __tracebackhide__ = True
+    check_world_sizes_held(world_sizes)
     last = run_sizes(fn, "all_reduce", world_sizes, timeout, NAME, _check_case, _other_size, _partners)
     lines = []
     for n, ranks in last.items():

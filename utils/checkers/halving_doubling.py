@@ -16,6 +16,10 @@ looks at three kinds of evidence:
   Recursive halving and doubling talk only to partners whose virtual ranks differ in one bit;
 - **bytes**, from ``CommLedger``: each rank's sends, element for element, as ``sent_elements`` computes them.
 
+The pattern and the bytes a rank must send come from the plans of ``utils.checkers.halving_doubling_tables``
+(``virtual_ranks``, ``doubling_plan``, imported here; ``halving_plan``; ``folded_plan``): stored outputs, not the
+algorithm, which the teacher's side of these checkers computes (issue 37).
+
 The tensor is cut into p chunks as ``torch.tensor_split`` cuts it (``utils.comm.subgroup.chunk_bounds``).
 """
 
@@ -31,6 +35,7 @@ from ..comm.subgroup import chunk_bounds, reduce_scatter_chunks
 from ..launch import rank_device
 from .boundaries import element_counts
 from .common import LabCheckFailed, caught, first_error, launch_answer
+from .halving_doubling_tables import doubling_plan, virtual_ranks  # noqa: F401 - the plans, stored; imported from here
 from .rank_secrets import generator, new_seeds, rank_args, reports
 
 COLLECTIVES = set(RING_WIRE_FACTOR) - {"send", "isend", "recv", "irecv", "barrier"}  # all but point-to-point
@@ -98,13 +103,6 @@ class PeerLog:
     def __exit__(self, *exc):
         self._watching.__exit__(None, None, None)
         return False
-
-
-def virtual_ranks(n):
-    """The ranks that run the p-rank algorithm after the fold, in virtual-rank order (p = 2^k <= n)."""
-    p = 1 << (n.bit_length() - 1)
-    rem = n - p
-    return [2 * u + 1 if u < rem else u + rem for u in range(p)]
 
 
 def cases(p):
@@ -318,18 +316,3 @@ def pattern(n, label, ranks, partners, sent_elements, hints):
             raise LabCheckFailed(mistake, f"{label}: the values are right, but rank {k} sent {r['sent']:,.0f} bytes; "
                                  f"the algorithm sends {sent_elements[k] * size:,} on this rank "
                                  f"({r['sent'] / max(1, sent_elements[k] * size):.2f}x).", hints[mistake], n)
-
-
-def doubling_plan(numel, ranks):
-    """{real rank: (destinations in order, elements sent)} of the all-gather by recursive doubling among ``ranks``."""
-    p, out = len(ranks), {}
-    bounds = chunk_bounds(numel, p)
-    for v, rank in enumerate(ranks):
-        dests, elements, d = [], 0, 1
-        while d < p:
-            a = v - v % d
-            dests.append(ranks[v ^ d])
-            elements += bounds[a + d] - bounds[a]
-            d *= 2
-        out[rank] = (dests, elements)
-    return out

@@ -4,15 +4,19 @@ Used by ``labs/01a_halving_reduce_scatter_lab.ipynb``, which derives what is che
 (cases, the peer log, the pattern check) is ``utils.checkers.halving_doubling``'s, shared with lab 01b.
 The answer ``fn(tensor)`` must leave chunk v of ``tensor.view(-1).tensor_split(p)`` summed over all
 ranks on rank v (its other elements may hold anything), send only to v XOR d for d = p/2, ..., 1 in
-that order, one message per step, and exactly the half of its range the partner keeps.
+that order, one message per step, and exactly the half of its range the partner keeps: ``halving_plan``, a stored
+table (``utils.checkers.halving_doubling_tables``). An answer right only when the tensor cuts evenly into p chunks is
+named by its wrong cut (``halved_elements``, ``dropped_element``, ``chunk_bounds``) where the teacher's side of the
+checker is there to tell the cuts apart (the teacher's checkout: ``make grade``, the tests); in the student release
+it is ``uneven``, whose hint lists those mistakes.
 """
 
 import torch
 
-from ..comm.subgroup import chunk_bounds
 from .common import CheckResult, LabCheckFailed, raise_if_error
 from .halving_doubling import HINTS as SHARED
 from .halving_doubling import check_partners, collectives_and_errors, pattern, run_sizes, value_mistake, wrong_at
+from .halving_doubling_tables import check_world_sizes_held, halving_plan, teacher_plans
 
 NAME = "halving_reduce_scatter"
 
@@ -50,80 +54,8 @@ HINTS = {
 }
 
 
-def halving_plan(numel, p):
-    """{v: (destinations in order, elements sent)} of the reduce-scatter by recursive halving on p ranks."""
-    bounds, out = chunk_bounds(numel, p), {}
-    for v in range(p):
-        a, b, d, dests, elements = 0, p, p // 2, [], 0
-        while d >= 1:
-            c = (a + b) // 2
-            keep, give = ((a, c), (c, b)) if v & d == 0 else ((c, b), (a, c))
-            dests.append(v ^ d)
-            elements += bounds[give[1]] - bounds[give[0]]
-            (a, b), d = keep, d // 2
-        out[v] = (dests, elements)
-    return out
-
-
 def _bit_reversed(v, p):
     return int(f"{v:0{p.bit_length() - 1}b}"[::-1], 2) if p > 1 else 0
-
-
-def _halves(lo, hi, cut):
-    """The two halves of the element range [lo, hi) under ``cut``, the way each uneven mistake cuts it."""
-    if cut == "floor":  # lo + (hi - lo) // 2, the lab's first trap
-        mid = lo + (hi - lo) // 2
-        return (lo, mid), (mid, hi)
-    if cut == "ceil":  # the same, rounded up
-        mid = lo + (hi - lo + 1) // 2
-        return (lo, mid), (mid, hi)
-    half = (hi - lo) // 2  # "drop": (hi - lo) // 2 elements a half; an odd range's last element in neither
-    return (lo, lo + half), (lo + half, lo + 2 * half)
-
-
-def uneven_plan(numel, p, cut):
-    """{v: (non-empty sends as (partner, elements), element range v ends with)} of recursive halving that cuts
-    the wrong way: ``cut`` "floor", "ceil" or "drop" halves the elements, "last" halves chunks whose offsets put
-    the remainder in the last chunk (numel // p elements each), "spread" chunks at offsets k * numel // p. The
-    right partners, the right rule: only the cuts differ, so the checker can recognise each by its messages and by
-    where the sums land."""
-    out = {}
-    for v in range(p):
-        lo, hi, a, b, d, sends = 0, numel, 0, p, p // 2, []
-        while d >= 1:
-            if cut in ("last", "spread"):
-                bounds = ([k * (numel // p) for k in range(p)] + [numel] if cut == "last"
-                          else [k * numel // p for k in range(p + 1)])
-                c = (a + b) // 2
-                low, high = (bounds[a], bounds[c]), (bounds[c], bounds[b])
-            else:
-                low, high = _halves(lo, hi, cut)
-            keep, give = (low, high) if v & d == 0 else (high, low)
-            if give[1] > give[0]:
-                sends.append((v ^ d, give[1] - give[0]))
-            (lo, hi), (a, b), d = keep, ((a, (a + b) // 2) if v & d == 0 else ((a + b) // 2, b)), d // 2
-        out[v] = (sends, (lo, hi))
-    return out
-
-
-UNEVEN = {"floor": "halved_elements", "ceil": "halved_elements", "drop": "dropped_element", "last": "chunk_bounds",
-          "spread": "chunk_bounds"}  # spread: offsets k * numel // p, on 2 and 4 ranks the same cut as "floor"
-
-
-def _uneven_mistake(n, every):
-    """Which wrong cut explains every case the ranks ran (``every``: (numel, ranks) each), by the messages each rank
-    sent and where the complete sums are: the mistakes that fit. One case may fit two cuts, the cases together
-    rarely do; but on 2 ranks halving the elements and chunks with the remainder last are the same cut."""
-    fit = set()
-    for cut in UNEVEN:
-        plans = {numel: uneven_plan(numel, n, cut) for numel, _ in every}
-        if all([(peer, size // r["got"].element_size()) for peer, size in r["sends"] if size] == plans[numel][k][0]
-               and torch.equal(r["got"][slice(*plans[numel][k][1])], r["expected"][slice(*plans[numel][k][1])])
-               for numel, ranks in every if len(ranks) == n for k, r in enumerate(ranks)):
-            fit.add(cut)
-    if {"floor", "spread"} <= fit:  # the same cut up to 4 ranks: the lab's trap, whose hint names the other too
-        fit.discard("spread")
-    return sorted({UNEVEN[cut] for cut in fit})
 
 
 def _check_case(n, label, numel, ranks, every=()):
@@ -143,8 +75,10 @@ def _check_case(n, label, numel, ranks, every=()):
                 def holds(which):  # every rank k holds chunk which(k), complete
                     return all(torch.equal(chunk(k, "got", which(k)), chunk(k, "expected", which(k))) for k in range(n))
                 # the first case cuts evenly: an answer that fails only on the others has the right rule and
-                # the right order, so a chunk that only looks mirrored (an empty one) is a wrong cut
-                fits = _uneven_mistake(n, every) if numel % n else []
+                # the right order, so a chunk that only looks mirrored (an empty one) is a wrong cut; which cut, the
+                # teacher's side tells where the course holds it (not the release: there, uneven)
+                teacher = teacher_plans() if numel % n else None
+                fits = teacher.uneven_mistake(n, every) if teacher else []
                 mistake = (fits[0] if len(fits) == 1 else "uneven" if numel % n else
                            "wrong_order" if holds(lambda k: _bit_reversed(k, n)) else
                            "mirrored" if holds(lambda k: n - 1 - k) else "wrong")
@@ -177,6 +111,7 @@ def check_halving_reduce_scatter(fn, world_sizes=(2, 4), timeout=20.0):
     if odd:
         raise ValueError(f"world sizes {odd}: recursive halving alone runs on a power of two of ranks; use 2, 4 or 8 "
                          "(lab 01b folds the other sizes in).")
+    check_world_sizes_held(world_sizes)
     partners = lambda n, numel: {v: dests for v, (dests, _) in halving_plan(numel, n).items()}  # noqa: E731
     try:
         last = run_sizes(fn, "reduce_scatter", world_sizes, timeout, NAME, _check_case, None, partners)

@@ -21,9 +21,7 @@ step cannot run (``utils.mesh.plan3d.unrunnable``).
 """
 
 import dataclasses
-import importlib.util
 import re
-import sys
 
 from .. import planner
 from ..launch.scripts import ROOT
@@ -33,6 +31,7 @@ from ..sharding.memory import zero_bytes_per_rank
 from .answer_side import answer_side
 from .common import GRAD_TOL, CheckResult, LabCheckFailed, close, fail, launch_answer, watched_call
 from .guard import Guard, code_key
+from .teacher_side import teacher_module
 
 SPACE = dict(micro_batch=(1, 2, 4), v=(1, 2), zero_stage=(0, 1, 2, 3), checkpointing=planner.CHECKPOINTING)
 KNOBS = ("mesh", "micro_batch", "v", "zero_stage", "checkpointing")  # what a diagnosis holds, one (or two) at a time
@@ -163,15 +162,7 @@ def teacher_search():
     """The teacher's side of this checker (its search, ``optimum``, and its diagnosis, ``blame``), where the course
     holds it: the teacher's checkout (make grade's judge, the tests, the lab run by its teacher). None in the student
     release, which leaves the solutions folder out, and in the grader's sandbox, which hides it."""
-    if not SEARCH.is_file():
-        return None
-    name = "labs.solutions.plan_3d_search"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, SEARCH)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[name] = module
-    return sys.modules[name]
+    return teacher_module(SEARCH)
 
 
 def stored_optimum(job, model, cluster, n_gpus, global_batch, precision, cap):
