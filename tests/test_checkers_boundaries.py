@@ -91,7 +91,7 @@ def test_lab_02_trains_at_every_cap_kind(monkeypatch):
     seen = {}
 
     def launch(rank_fn, args, *rest, **kwargs):
-        seen["caps"] = args[-1]  # _on_rank(ddp_class, x, y, batches, lr, seed, caps)
+        seen["caps"] = args[-1]  # _on_rank(ddp_class, x, y, lr, caps), then each rank's own seed and samples
         raise Stop
     monkeypatch.setattr(ddp, "launch_answer", launch)
     with pytest.raises(Stop):

@@ -408,3 +408,94 @@ class RaisesInInit:
 def test_an_exception_in_the_answer_is_named_with_its_line():
     expect_raised(check_ddp, RaisesInInit, world_sizes=(2,), steps=1, caps=(1 << 20,),
                   line="list(model.parameters())[99]  # planted")
+
+
+# ------------------------------------------------------------------ issue 37, part 3: inputs only one rank holds
+
+def test_each_rank_gets_its_own_seed_and_share_and_nothing_of_its_peers():
+    """rank_args carry rank k's seed and its 16 samples of every step, in a storage of its own: a view of the batches
+    would pickle them whole, peers' shares included. The batches are drawn afresh at every check, from a secret."""
+    import pickle
+
+    from utils.checkers.ddp import PER_RANK, _batches, _rank_args
+    from utils.checkers.rank_secrets import new_seeds
+
+    steps, n = 3, 4
+    batches, seeds = _batches(1797, steps, n), new_seeds(n)
+    assert batches.shape == (steps, PER_RANK * n) and not torch.equal(batches, _batches(1797, steps, n))
+    args = _rank_args(seeds, batches)
+    assert [seed for seed, _ in args] == seeds
+    for k, (_, share) in enumerate(args):
+        assert torch.equal(share, batches[:, k * PER_RANK:(k + 1) * PER_RANK])
+        assert share.untyped_storage().nbytes() == steps * PER_RANK * share.element_size(), "its peers' shares too"
+    whole = len(pickle.dumps(batches[:, :PER_RANK]))  # what a view would have sent: every rank's indices
+    assert max(len(pickle.dumps(a)) for a in args) < whole, (whole, [len(pickle.dumps(a)) for a in args])
+
+
+# A stub whose class body replaces the checker's rank function (what the workshop's grader must not pass): each rank
+# reports what it can compute alone, one process training its own model on its own samples, with the bucket pattern
+# the checker expects. Rank 0's seed and every rank's samples reach one rank each, and the checker trains the one
+# process itself, so the values give it away; a report of another shape is refused before any value is read.
+FORGER = '''import utils.checkers.ddp as _ddp
+
+def _forged(ddp_class, x, y, lr, caps, seed, shard):
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from utils.checkers.ddp import _state, expected_buckets
+    from utils.models import make_model
+    out = []
+    for cap in caps:
+        model = make_model(seed)
+        FORGE
+        after, opt, steps, grads = _state(model), torch.optim.SGD(model.parameters(), lr=lr), [], None
+        for mine in shard:  # this rank's samples alone, in one process
+            opt.zero_grad()
+            F.cross_entropy(model(x[mine]), y[mine]).backward()
+            grads = grads or {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+            buckets = expected_buckets(model, cap)
+            steps.append(dict(calls=[(b, True, True) for b in buckets], payload=sum(buckets), held=False, barriers=0))
+            opt.step()
+        out.append(dict(error=None, steps=steps, after_broadcast=after, grads=grads, final=_state(model)))
+    return REPORT
+
+class _Patch:  # in the rank: the checker's own rank function replaced
+    _ddp._on_rank.__code__ = _forged.__code__
+
+'''
+BROADCAST = "[dist.broadcast(t.data, 0) for t in [*model.parameters(), *model.buffers()]]"
+FORGED_RANKS = {
+    "its_own_model_and_samples": (FORGER.replace("FORGE", "pass").replace("REPORT", "out"), "no_broadcast"),
+    # rank 0's model, by a broadcast the forger makes itself: its own samples still give it away
+    "rank_0s_model_its_own_samples": (FORGER.replace("FORGE", BROADCAST).replace("REPORT", "out"), "not_reduced"),
+    "no_cap": (FORGER.replace("FORGE", "pass").replace("REPORT", "[]"), "not_a_report"),
+    "other_fields": (FORGER.replace("FORGE", "pass").replace("REPORT", "[dict(r, passed=True) for r in out]"),
+                     "not_a_report"),
+    "a_number_for_each_weight": (FORGER.replace("FORGE", "pass").replace(
+        "REPORT", "[dict(r, final={k: v.sum() for k, v in r['final'].items()}) for r in out]"), "not_a_report"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FORGED_RANKS))
+def test_a_stub_that_replaces_the_checkers_rank_function_does_not_pass(tmp_path, kind):
+    """Through the workshop's grader, in its sandbox. The mistake named (not 'not written yet', the stub's own verdict)
+    shows the forger ran."""
+    import nbformat
+
+    from utils.checkers.labs import LABS
+    from utils.workshop import grade as grader
+    from utils.workshop.sandbox import available
+    from utils.workshop.submissions import notebook_with
+
+    if available() is not None:
+        pytest.skip(f"the ranks in the sandbox: {available()}")
+    lab = "02_ddp_lab"
+    stub = next(c.source for c in nbformat.read(str(LABS[lab].path(ROOT)), as_version=4).cells
+                if c.source.startswith("class BucketedDDP"))
+    source, wanted = FORGED_RANKS[kind]
+    path = tmp_path / "forger" / f"{lab}.ipynb"
+    path.parent.mkdir()
+    nbformat.write(notebook_with(lab, {"BucketedDDP": source + stub}), str(path))
+    verdict = grader.run_answer(grader.Answer("forger", lab, path, "x"), 0, world_size=2, smoke=True, timeout=240,
+                                sandbox=True)
+    assert (verdict.verdict, verdict.mistake) == ("mistake", wanted), (verdict.message, verdict.output[-2000:])

@@ -9,7 +9,9 @@ gradient after backward, gets them too. So three kinds of evidence:
   (from the hooks) and asynchronously, and the same again at every step;
 - **bytes**, from ``CommLedger``: a frozen or tied tensor reduced anyway shows as its exact size in extra bytes;
 - **values**, compared with one process training on the global batch (n times the mean gradient means a
-  forgotten division).
+  forgotten division). Each rank gets its own seed and its own samples of every batch, and nothing of its peers'
+  (``rank_secrets``): the checker alone holds rank 0's seed and the whole batches, and computes that one process
+  itself, so an answer that replaces this module's rank function still has to move data between its ranks.
 """
 
 import threading
@@ -24,9 +26,11 @@ from ..datasets import digits
 from ..launch import rank_device
 from ..comm.ledger import CommLedger
 from ..comm.process_group_calls import observe, payload_bytes
-from ..models import ToyNet
+from ..models import ToyNet, make_model
 from .boundaries import bucket_caps
 from .common import GRAD_TOL, WEIGHT_TOL, CheckResult, LabCheckFailed, caught, close, first_error, launch_answer, raise_if_error
+from .rank_secrets import HINTS as SECRET_HINTS
+from .rank_secrets import fields, generator, new_seeds, own_copy, reports, tensors_like
 
 # bytes (utils.checkers.boundaries.bucket_caps on ToyNet's trainable gradients, last first: 40, 2,560, 256, 256,
 # 16,384, 256, 16,384 B): one bucket for all (1 MB); a cap reached inside a tensor (4 KB: a parameter is never
@@ -178,24 +182,32 @@ def _max_diff(a, b):
     return max((a[k].double() - b[k].double()).abs().max().item() for k in b)
 
 
-def _on_rank(ddp_class, x, y, batches, lr, seed, caps):
-    """Runs on every rank, once per cap: a different random init per rank, then SGD on a shard with ddp_class."""
-    rank, n, device = dist.get_rank(), dist.get_world_size(), rank_device()
+PER_RANK = 16  # samples of each step's global batch on each rank
+REPORT = dict(error=(tuple, type(None)), steps=list, after_broadcast=(dict, type(None)), grads=(dict, type(None)),
+              final=(dict, type(None)))  # what _on_rank reports a cap: observations, no reference
+STEP = dict(calls=list, payload=(int, float), held=(bool, type(None)), barriers=int)  # and a step of it
+
+
+def _on_rank(ddp_class, x, y, lr, caps, seed, shard):
+    """Runs on every rank, once per cap: the model from this rank's own ``seed``, wrapped in ddp_class, then SGD on
+    ``shard``, this rank's samples of every step's global batch ((steps, PER_RANK) indices into the public ``x``,
+    ``y``). Seed and shard reach this rank alone (``rank_secrets``): no rank can compute one process's training on
+    the global batch without its peers. Reports what it saw (``REPORT``); the checker computes the references."""
+    device = rank_device()
     x, y, out = x.to(device), y.to(device), []
     for cap in caps:
-        torch.manual_seed(seed + rank)  # every rank starts different, so a missing broadcast shows
-        model = ToyNet().to(device)
-        run, stage = dict(cap=cap, initial=_state(model), error=None, steps=[]), f"{ddp_class.__name__}(model, {cap})"
+        model = make_model(seed).to(device)  # every rank starts different, so a missing broadcast shows
+        run = dict(error=None, steps=[], after_broadcast=None, grads=None, final=None)
+        stage = f"{ddp_class.__name__}(model, {cap})"
         out.append(run)
         try:
             ddp = ddp_class(model, cap)
             run["after_broadcast"], stage = _state(model), f"{ddp_class.__name__}.finish"
             opt = torch.optim.SGD(model.parameters(), lr=lr)
-            for step, idx in enumerate(batches):
-                mine = idx.view(n, -1)[rank]  # this rank's equal share of the global batch
+            for step, mine in enumerate(shard):  # this rank's share of step's global batch
                 opt.zero_grad()
                 loss = F.cross_entropy(model(x[mine]), y[mine])
-                held = step in (0, len(batches) - 1)  # the first step, and the last: a hook that waits only from
+                held = step in (0, len(shard) - 1)  # the first step, and the last: a hook that waits only from
                 with CommLedger() as ledger, AllReduceLog(hold=held) as log:  # its second step on shows there
                     log.in_backward = True
                     loss.backward()  # the hooks should launch every bucket in here
@@ -213,10 +225,17 @@ def _on_rank(ddp_class, x, y, batches, lr, seed, caps):
     return out
 
 
+def _initial(seed):
+    """The state a rank's model starts from with this ``seed``, made here as the rank makes it; the kernel's own
+    random state left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        return _state(make_model(seed))
+
+
 def _single_process(x, y, batches, lr, seed):
-    """The truth: one process, rank 0's init, the whole global batch at every step."""
-    torch.manual_seed(seed)
-    model = ToyNet()
+    """The truth: one process, rank 0's init (its ``seed``), the whole global batch at every step."""
+    with torch.random.fork_rng(devices=[]):
+        model = make_model(seed)
     opt, grads = torch.optim.SGD(model.parameters(), lr=lr), None
     for idx in batches:
         opt.zero_grad()
@@ -224,6 +243,46 @@ def _single_process(x, y, batches, lr, seed):
         grads = grads or {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
         opt.step()
     return grads, _state(model)
+
+
+def _batches(samples, steps, world_size):
+    """Every step's global batch: (steps, PER_RANK * world_size) indices into the digits, in an order drawn from a
+    fresh secret (``rank_secrets``), so that no rank can tell its peers' samples from its own."""
+    size = PER_RANK * world_size
+    order = torch.randperm(samples, generator=generator(*new_seeds(1)))
+    return order.repeat(1 + steps * size // samples)[: steps * size].view(steps, size)
+
+
+def _rank_args(seeds, batches):
+    """``run_ranks``'s ``rank_args``: rank k gets its seed and its share of every step's batch, the k-th PER_RANK
+    indices, in a tensor of its own (``own_copy``: a view would carry the whole batches with it)."""
+    shares = batches.view(len(batches), len(seeds), PER_RANK)  # (steps, n, PER_RANK)
+    return [(seed, own_copy(shares[:, k])) for k, seed in enumerate(seeds)]
+
+
+def _observed(per_rank, caps, steps, n, start, ref_grads):
+    """The ranks' reports, checked for the shape ``_on_rank`` gives them (a run a cap, as ``REPORT``; its steps as
+    ``STEP``; the model's tensors by name) before the checker reads a value: anything else is ``not_a_report``."""
+    __tracebackhide__ = True
+    reports(per_rank, REPORT, len(caps), n)
+    for k, runs in enumerate(per_rank):
+        for cap, run in zip(caps, runs):
+            label = f"rank {k}, bucket_cap_bytes={cap}"
+            done = [run[name] is not None for name in ("after_broadcast", "grads", "final")]
+            if len(run["steps"]) > steps or not run["error"] and (len(run["steps"]) < steps or not all(done)):
+                raise LabCheckFailed("not_a_report", f"{label}: {len(run['steps'])} of {steps} steps, "
+                                     f"{sum(done)} of 3 states, and no error", SECRET_HINTS["not_a_report"], n)
+            for step in run["steps"]:
+                fields(step, STEP, label, n)
+                if not all(isinstance(c, tuple) and len(c) == 3 and isinstance(c[0], int) for c in step["calls"]):
+                    raise LabCheckFailed("not_a_report", f"{label}: a call is not (bytes, async, during backward)",
+                                         SECRET_HINTS["not_a_report"], n)
+            for name in ("after_broadcast", "final"):
+                if run[name] is not None:
+                    tensors_like(run[name], start, f"{label}, {name}", n)
+            if run["grads"] is not None:  # a gradient missing is the answer's (not_reduced), not the report's
+                tensors_like(run["grads"], ref_grads, f"{label}, grads", n, every=False)
+    return per_rank
 
 
 def _check_pattern(n, runs, probe, cap):
@@ -277,8 +336,10 @@ def _check_pattern(n, runs, probe, cap):
 def check_ddp(ddp_class, world_sizes=(2, 3), steps=3, caps=CAPS, lr=0.2, timeout=60.0):
     """Check a bucketed DDP: ``ddp = ddp_class(model, bucket_cap_bytes)``, then ``ddp.finish()`` after each backward.
 
-    On each world size n and each cap, every rank builds ``ToyNet`` from its own seed, wraps it, then
-    trains ``steps`` SGD steps on its 16 samples of a 16n-sample global batch of ``digits()``. Demands:
+    On each world size n and each cap, every rank builds ``ToyNet`` from its own random seed, wraps it, then
+    trains ``steps`` SGD steps on its 16 samples of a 16n-sample global batch of ``digits()``, drawn at random;
+    seed and samples reach that rank alone, and the checker, which holds them all, trains the one process
+    itself (``rank_secrets``). Demands:
     (1) after construction every rank holds rank 0's parameters, frozen ones and buffers; (2) every
     step all-reduces the trainable gradients once, as the buckets of ``expected_buckets(model, cap)``,
     one call per bucket, each issued during backward with ``async_op=True``, the same at every step;
@@ -286,26 +347,28 @@ def check_ddp(ddp_class, world_sizes=(2, 3), steps=3, caps=CAPS, lr=0.2, timeout
     divided); (4) the weights after ``steps`` steps equal single-process training (GRAD_TOL, WEIGHT_TOL).
     """
     __tracebackhide__ = True
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps={steps!r}: the check compares gradients after the first SGD step; use 1 or more "
+                         "(the lab uses 2, or 3 with SMOKE off).")
     x, y = digits()
     probe = ToyNet()
     buffers = {k for k, _ in probe.named_buffers()}
     frozen = {k for k, p in probe.named_parameters() if not p.requires_grad}
     lines = []
     for n in world_sizes:
-        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(n))
-        batches = order.repeat(1 + steps * 16 * n // len(x))[: steps * 16 * n].view(steps, 16 * n)  # (steps, 16n)
-        per_rank = launch_answer(_on_rank, (ddp_class, x, y, batches, lr, 1000, caps), n, timeout,
-                                 f"{ddp_class.__name__}", HINTS["deadlock"])
-        ref_grads, ref_final = _single_process(x, y, batches, lr, 1000)
+        seeds, batches = new_seeds(n), _batches(len(x), steps, n)  # (steps, 16n) indices
+        per_rank = launch_answer(_on_rank, (ddp_class, x, y, lr, caps), n, timeout, f"{ddp_class.__name__}",
+                                 HINTS["deadlock"], rank_args=_rank_args(seeds, batches))
+        start = _initial(seeds[0])  # rank 0's model before the broadcast: what every replica must hold after it
+        ref_grads, ref_final = _single_process(x, y, batches, lr, seeds[0])
+        per_rank = _observed(per_rank, caps, steps, n, start, ref_grads)
         made = []
         for i, cap in enumerate(caps):
             runs = [r[i] for r in per_rank if i < len(r)]
             error = first_error(runs)
-            erring = next((r for r in runs if r.get("error")), None)
-            if erring and "after_broadcast" not in erring:  # raised while building: a hook, a broadcast
+            if any(r["after_broadcast"] is None for r in runs):  # raised while building: a hook, a broadcast
                 raise_if_error(error, n, HINTS, phrases=[("does not require grad", "frozen_reduced"),
                                                          ("doesn't require grad", "frozen_reduced")])
-            start = runs[0]["initial"]
             differ = {k for r in runs for k in start if not torch.equal(r["after_broadcast"][k], start[k])}
             for mistake, keys in (("no_broadcast", differ - buffers - frozen), ("buffers", differ & buffers),
                                   ("frozen_not_broadcast", differ & frozen)):
@@ -320,9 +383,12 @@ def check_ddp(ddp_class, world_sizes=(2, 3), steps=3, caps=CAPS, lr=0.2, timeout
             raise_if_error(error, n, HINTS, phrases=STEP_PHRASES)  # any other None: a crash, its message shown
             want = _check_pattern(n, runs, probe, cap)
             grads = runs[0]["grads"]
-            if grads.keys() != ref_grads.keys() or any(_max_diff(r["grads"], grads) > 0 for r in runs):
+            named = all(r["grads"].keys() == ref_grads.keys() for r in runs)  # on every rank: _max_diff indexes them
+            if not named or any(_max_diff(r["grads"], grads) > 0 for r in runs):
                 raise LabCheckFailed("not_reduced", f"bucket_cap_bytes={cap}: after finish() the gradients of "
-                                     f"{sorted(grads)} differ between ranks.", HINTS["not_reduced"], n)
+                                     f"{sorted(grads)} " + ("differ between ranks." if named else "are not the "
+                                     f"trainable parameters' ({sorted(ref_grads)}) on every rank."),
+                                     HINTS["not_reduced"], n)
             diff = _max_diff(grads, ref_grads)
             if not close(grads, ref_grads, GRAD_TOL):
                 mistake = "not_divided" if _max_diff(grads, {k: n * g for k, g in ref_grads.items()}) < 1e-4 else \

@@ -31,7 +31,7 @@ import torch
 
 from .common import LabCheckFailed
 
-__all__ = ["HINTS", "new_seeds", "rank_args", "generator", "reports"]
+__all__ = ["HINTS", "new_seeds", "rank_args", "generator", "reports", "own_copy", "fields", "tensors_like"]
 
 HINTS = {
     "not_a_report": "the ranks sent back something the checker's own rank function never returns (other cases, "
@@ -88,3 +88,48 @@ def reports(per_rank, fields, cases, world_size, label="the ranks"):
         if len(report) < cases and not report[-1].get("error"):
             refuse(f"rank {k} stopped after {len(report)} of {cases} cases without an error")
     return per_rank
+
+
+def own_copy(tensor):
+    """``tensor`` in a storage of its own, for ``rank_args``: a view (a rank's slice of a batch) pickles the whole
+    storage it views, its peers' shares with it."""
+    return tensor.clone(memory_format=torch.contiguous_format)
+
+
+def _refuse(what, label, world_size):
+    __tracebackhide__ = True
+    raise LabCheckFailed("not_a_report", f"{label}: {what}", HINTS["not_a_report"], world_size)
+
+
+def fields(record, kinds, label, world_size):
+    """Check one record of a report (a dict) has exactly the fields of ``kinds`` ({name: type or tuple of types, or
+    None for anything}, as in ``reports``), and return it; anything else raises ``LabCheckFailed("not_a_report")``."""
+    __tracebackhide__ = True
+    if not isinstance(record, dict) or set(record) != set(kinds):
+        _refuse(f"fields {sorted(record) if isinstance(record, dict) else type(record).__name__}, expected "
+                f"{sorted(kinds)}", label, world_size)
+    for name, kind in kinds.items():
+        if kind is not None and not isinstance(record[name], kind):
+            _refuse(f"{name} is a {type(record[name]).__name__}", label, world_size)
+    return record
+
+
+def tensors_like(got, want, label, world_size, every=True):
+    """Check ``got``, a rank's dict of tensors (a state dict, gradients by name), holds a tensor of the same shape and
+    dtype as ``want``'s for each of ``want``'s names (``every``), or for each name both hold (not ``every``: a name
+    missing is then the checker's to diagnose), and return it. Names ``want`` lacks are let through. Anything else
+    raises ``LabCheckFailed("not_a_report")``, before the checker compares values it could not index."""
+    __tracebackhide__ = True
+    if not isinstance(got, dict):
+        _refuse(f"a {type(got).__name__} where a dict of tensors belongs", label, world_size)
+    for name, tensor in want.items():
+        if name not in got:
+            if every:
+                _refuse(f"no {name}", label, world_size)
+            continue
+        mine = got[name]
+        if not isinstance(mine, torch.Tensor) or mine.shape != tensor.shape or mine.dtype != tensor.dtype:
+            what = f"a {tuple(mine.shape)} {mine.dtype} tensor" if isinstance(mine, torch.Tensor) else \
+                f"a {type(mine).__name__}"
+            _refuse(f"{name} is {what}, not {tuple(tensor.shape)} {tensor.dtype}", label, world_size)
+    return got
