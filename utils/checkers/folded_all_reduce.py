@@ -93,7 +93,7 @@ def check_halving_doubling_all_reduce(fn, world_sizes=(2, 3, 4), timeout=20.0):
 
     Powers of two first. On each world size n, runs every case of ``halving_doubling.cases(p)`` and demands:
     (1) no collective but the given reduce-scatter, called once by each of ``virtual_ranks(n)`` with those
-    ranks; (2) every rank's tensor equals ``dist.all_reduce``'s; (3) the point-to-point messages of ``plan(n,
+    ranks; (2) every rank's tensor equals the sum of the ranks' inputs, which the checker computes itself; (3) the point-to-point messages of ``plan(n,
     numel)``, in order, to those ranks, with exactly those elements. Once the powers of two have passed, a
     failure on another size is reported as the fold that is missing. Returns a ``CheckResult``; raises
     ``LabCheckFailed`` with a hint.
@@ -105,7 +105,7 @@ def check_halving_doubling_all_reduce(fn, world_sizes=(2, 3, 4), timeout=20.0):
     for n, ranks in last.items():
         numel, size = ranks[0]["got"].numel(), ranks[0]["got"].element_size()
         p = len(virtual_ranks(n))
-        lines.append(f"world_size={n}: every case equals dist.all_reduce on every rank; on {numel:,} elements "
+        lines.append(f"world_size={n}: every case equals the sum of the inputs on every rank; on {numel:,} elements "
                      f"{p} ranks called the reduce-scatter, the ranks sent {sum(len(r['sends']) for r in ranks)} "
                      f"message(s) in all, {sum(r['sent'] for r in ranks) / (numel * size):.4f} tensors point to point "
                      f"(formula: the all-gather's p - 1 = {p - 1}, + 2 per folded pair: {p - 1 + 2 * (n - p)})")

@@ -101,8 +101,9 @@ def check_halving_reduce_scatter(fn, world_sizes=(2, 4), timeout=20.0):
     """Check ``fn(tensor) -> None``: a SUM reduce-scatter by recursive halving, in place, on p = 2^k ranks.
 
     On each world size p, runs every case of ``halving_doubling.cases(p)`` and demands: (1) no collective
-    is called; (2) chunk v of every rank v equals chunk v of ``dist.all_reduce``'s result; (3) each rank
-    sends only to v XOR d, for d = p/2, ..., 1 in that order, one message per step; (4) exactly the elements
+    is called; (2) chunk v of every rank v equals chunk v of the sum of the ranks' inputs, which the checker
+    computes itself; (3) each rank sends only to v XOR d, for d = p/2, ..., 1 in that order, one message per
+    step; (4) exactly the elements
     ``halving_plan`` says: (p-1)/p of the tensor per rank, give or take the uneven chunks. Returns a
     ``CheckResult``; raises ``LabCheckFailed`` with a hint.
     """
@@ -131,7 +132,7 @@ def check_halving_reduce_scatter(fn, world_sizes=(2, 4), timeout=20.0):
     lines = []
     for n, ranks in last.items():
         numel, size = ranks[0]["got"].numel(), ranks[0]["got"].element_size()
-        lines.append(f"world_size={n}: every case's chunk v on rank v equals dist.all_reduce's; on {numel:,} "
+        lines.append(f"world_size={n}: every case's chunk v on rank v equals the sum's; on {numel:,} "
                      f"elements each rank sent {max(len(r['sends']) for r in ranks)} message(s) (a ring: {n - 1}), "
                      f"{sum(r['sent'] for r in ranks) / (n * numel * size):.4f} of the tensor on average "
                      f"(formula (p-1)/p = {(n - 1) / n:.4f}), only to v XOR d, d = {n // 2} first")
