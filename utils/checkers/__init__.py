@@ -8,6 +8,8 @@
   the answer raises is the mistake ``raised``, with the answer's own line.
 - ``answer_side``: where the learner's code runs when the workshop's grader holds it by name (``AnswerRef``): in
   the ranks, and in one sandboxed answer process for the steps marked ``@answer_side``, never in the judge.
+- ``rank_secrets``: inputs only one rank holds (``new_seeds``, ``generator``, ``rank_args``) and the check of
+  what the ranks report (``reports``, ``report_each``): observations only, the references computed by the checker.
 - ``watch``: the watcher of forbidden calls (``watched_call``, ``Watcher``), on every thread, refusing an answer
   that switches it off (``tampered``); ``guard``: the key targets tripped in place while the answer runs
   (``Guard``), so that no alias, ``partial``, thread or pool task reaches them unseen.

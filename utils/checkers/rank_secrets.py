@@ -22,7 +22,7 @@ import torch
 
 from .common import LabCheckFailed
 
-__all__ = ["HINTS", "new_seeds", "rank_args", "generator", "reports"]
+__all__ = ["HINTS", "new_seeds", "rank_args", "generator", "reports", "report_each"]
 
 HINTS = {
     "not_a_report": "the ranks sent back something the checker's own rank function never returns (other cases, "
@@ -77,4 +77,16 @@ def reports(per_rank, fields, cases, world_size, label="the ranks"):
                     refuse(f"rank {k}, case {i}: {name} is a {type(case[name]).__name__}")
         if len(report) < cases and not report[-1].get("error"):
             refuse(f"rank {k} stopped after {len(report)} of {cases} cases without an error")
+    return per_rank
+
+
+def report_each(per_rank, fields, world_size, label="the ranks"):
+    """``reports`` for a rank function that returns one dict, not a list of cases: the same checks (one dict a rank,
+    with ``fields``), the same refusal. Returns ``per_rank``."""
+    __tracebackhide__ = True
+    if not isinstance(per_rank, list) or not all(isinstance(report, dict) for report in per_rank):
+        kinds = sorted({type(r).__name__ for r in per_rank}) if isinstance(per_rank, list) else type(per_rank).__name__
+        raise LabCheckFailed("not_a_report", f"{label}: one dict a rank expected; got {kinds}", HINTS["not_a_report"],
+                             world_size)
+    reports([[report] for report in per_rank], fields, 1, world_size, label)
     return per_rank
