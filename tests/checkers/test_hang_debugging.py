@@ -11,6 +11,7 @@ each shows and grades its own three programs.
 import json
 import sys
 
+import nbformat
 import pytest
 import torch
 import torch.distributed as dist
@@ -22,6 +23,9 @@ from utils.course.notebook_runner import ROOT
 from utils import rank_device
 from utils.checkers.hang_debugging import (BUG_KINDS, LABS, PLANTED, PROGRAMS, check_diagnosis, check_fix, make_data,
                                            planted_digest, references)
+from utils.workshop import grade as grader
+from utils.workshop.sandbox import available
+from utils.workshop.submissions import notebook_with
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
 from solutions import hang_debugging as reference  # noqa: E402
@@ -278,3 +282,54 @@ def index_error(data):
 def test_an_exception_in_the_fix_is_named_with_its_line():
     expect_raised(check_fix, "A", reference.DIAGNOSES["A"], index_error, world_sizes=(2,),
                   line="return data[len(data)]  # planted")
+
+
+# ------------------------------------------------------------------ a stub that replaces the checker's rank function
+
+# Issue 37, part 3: the rank function runs in the rank, beside the answer's code, which can replace it and report what
+# it likes. Each rank is given only its own part of a data set made from the checker's secret seed, and the checker
+# computes the references itself: what one rank computes alone is wrong, and a report of another shape is refused.
+FORGER = '''import utils.checkers.hang_debugging as _hang
+
+def _forged(fn, ddp, data):
+    import torch.distributed as dist
+    from utils.checkers.hang_debugging import make_data, references
+    rank, n = dist.get_rank(), dist.get_world_size()
+    value = next(iter(references("A", FROM, n).values()))[rank]  # one process's result, from what this rank holds
+    return REPORT
+
+class _Patch:  # in the rank: the checker's own rank function replaced
+    _hang._on_rank.__code__ = _forged.__code__
+
+diagnosis_A = DIAGNOSIS
+
+def fixed_A(data):
+    raise NotImplementedError("a stub")
+'''.replace("DIAGNOSIS", repr(reference.DIAGNOSES["A"]))
+REPORT = "dict(value=value, error=None, calls=1, ddp_forwards=0)"
+FORGED_RANKS = {  # name: (source, the mistake it gets)
+    # right when each rank holds the whole data set (the second run, a diagnosis), wrong with its own part only
+    "the_result_from_its_own_part": (FORGER.replace("FROM", "data").replace("REPORT", REPORT), "no_communication"),
+    # a data set of its own making: not the checker's, whose seed no rank holds
+    "the_result_from_data_it_made": (FORGER.replace("FROM", "make_data('A', n)").replace("REPORT", REPORT),
+                                     "wrong_result"),
+    "no_report": (FORGER.replace("FROM", "data").replace("REPORT", "[]"), "not_a_report"),
+    "other_fields": (FORGER.replace("FROM", "data").replace("REPORT", f"dict({REPORT}, passed=True)"),
+                     "not_a_report"),
+}
+
+
+@pytest.mark.skipif(available() is not None, reason="the ranks in the sandbox: bubblewrap does not run here")
+@pytest.mark.parametrize("kind", sorted(FORGED_RANKS))
+def test_a_stub_that_replaces_the_checkers_rank_function_does_not_pass(tmp_path, kind):
+    """Graded as the workshop grades (the judge outside the sandbox, the ranks inside). A stub whose rank function
+    were not replaced would say 'not written yet' (its NotImplementedError): each mistake below is the forger's."""
+    source, wanted = FORGED_RANKS[kind]
+    lab = "11a_collective_hangs_lab"
+    path = tmp_path / "forger" / f"{lab}.ipynb"
+    path.parent.mkdir()
+    nbformat.write(notebook_with(lab, {"fixed_A": source}), str(path))
+    verdict = grader.run_answer(grader.Answer("forger", lab, path, "x"), 0, world_size=2, smoke=True, timeout=240,
+                                sandbox=True)
+    assert (verdict.verdict, verdict.mistake) == ("mistake", wanted), (verdict.label, verdict.message[:2000],
+                                                                       verdict.output[-2000:])

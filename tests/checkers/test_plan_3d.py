@@ -17,6 +17,7 @@ import sys
 import types
 from concurrent.futures import ThreadPoolExecutor
 
+import nbformat
 import pytest
 
 from lab_grading import expect_raised, expect_rejection
@@ -24,6 +25,9 @@ from utils.course.notebook_runner import ROOT
 from utils.checkers import plan_3d
 from utils.checkers.plan_3d import CASES, TINY, TINY_BATCH, check_choose_plan, check_plan_run, tiny_cluster
 from utils.planner import CHECKPOINTING, Plan, best_plans, estimate
+from utils.workshop import grade as grader
+from utils.workshop.sandbox import available
+from utils.workshop.submissions import notebook_with, reference_source
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
 from solutions.plan_3d import choose_plan, divisors  # noqa: E402
@@ -312,6 +316,48 @@ def test_run_rejects_a_mesh_of_the_wrong_size_before_launching():
 def test_run_of_the_reference_plan():
     result = check_plan_run(choose_plan, 2, steps=1)
     assert "gradients equal" in str(result) and "rank 1 (stage 1)" in str(result) and "1F1B" in str(result), result
+
+
+# Issue 37, part 3: a class body that replaces a checker's rank function, here the step that trains the plan
+# (utils.mesh.parallelize3d.train), with one that reports the single-process result anyone can compute (its inputs are
+# public: make_model's seed, make_batch's). It cannot matter here: check_plan_run's ranks get the plan (plain data,
+# judged against OPTIMA before any rank starts) and no handle on the answer, so no answer's code runs beside them.
+RUN_FORGER = '''
+import utils.mesh.parallelize3d as _p3d
+
+def _forged(plan, steps, measure_step=1, lr=None, compile_backend=None):
+    from utils.mesh.parallelize3d import reference
+    losses, grads = reference(steps, lr)
+    return REPORT
+
+class _Patch:  # wherever the notebook's definitions run: the course's training step replaced
+    _p3d.train.__code__ = _forged.__code__
+'''
+STUB = ('def choose_plan(model, cluster, n_gpus, global_batch, precision, memory_cap):\n'
+        '    raise NotImplementedError("a stub")\n')
+FORGED_RUNS = {  # name: (source, verdict)
+    # a stub: its plan is asked for before any rank starts, so the forged step never runs
+    "a_stub_with_the_reference_run": (STUB + RUN_FORGER.replace("REPORT", "dict(coords=(0, 0, 0), losses=losses, "
+                                                                "grads=grads, memory={}, tensors=0)"), "not written"),
+    # the right plan, and a step that reports nothing: were it run, the check would fail; it passes
+    "the_right_plan_and_an_empty_run": (None, "pass"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(available() is not None, reason="the ranks in the sandbox: bubblewrap does not run here")
+@pytest.mark.parametrize("kind", sorted(FORGED_RUNS))
+def test_a_class_body_that_replaces_the_runs_training_step_changes_nothing(tmp_path, kind):
+    """Graded as the workshop grades (the judge outside the sandbox, the ranks inside)."""
+    source, wanted = FORGED_RUNS[kind]
+    lab = "09_plan_3d_lab"
+    source = source or reference_source(lab) + RUN_FORGER.replace("REPORT", "[]")
+    path = tmp_path / "forger" / f"{lab}.ipynb"
+    path.parent.mkdir()
+    nbformat.write(notebook_with(lab, {"choose_plan": source}), str(path))
+    verdict = grader.run_answer(grader.Answer("forger", lab, path, "x"), 1, world_size=2, smoke=True, timeout=360,
+                                sandbox=True)
+    assert verdict.verdict == wanted, (verdict.label, verdict.message[:2000], verdict.output[-2000:])
 
 
 @pytest.mark.slow

@@ -10,8 +10,10 @@
   holds it (lab 09's search, labs 01a and 01b's plans); None in the student release and the grader's sandbox.
 - ``answer_side``: where the learner's code runs when the workshop's grader holds it by name (``AnswerRef``): in
   the ranks, and in one sandboxed answer process for the steps marked ``@answer_side``, never in the judge.
-- ``rank_secrets``: inputs only one rank holds (a seed each, on a pipe of its own): the checker computes the
-  expected result outside the ranks, so an answer that replaces a checker's rank function still has to move the data.
+- ``rank_secrets``: inputs only one rank holds (``new_seeds``, ``generator``, ``rank_args``: a seed each, on a pipe
+  of its own) and the check of what the ranks report (``reports``, ``report_each``, ``fields``, ``tensors_like``):
+  observations only; the checker computes the expected result outside the ranks, so an answer that replaces a
+  checker's rank function still has to move the data.
 - ``watch``: the watcher of forbidden calls (``watched_call``, ``Watcher``), on every thread, refusing an answer
   that switches it off (``tampered``); ``guard``: the key targets tripped in place while the answer runs
   (``Guard``), so that no alias, ``partial``, thread or pool task reaches them unseen.

@@ -4,8 +4,8 @@ Lab 11 comes in two parts that grade themselves (``LABS``): ``labs/11a_collectiv
 A, B and C failing, ``labs/11b_send_and_ddp_hangs_lab.ipynb`` programs D, E and F. Both offer the same six
 ``BUG_KINDS``; over the two labs one kind is planted twice and one in no program. Same conventions as
 every lab (``utils.checkers.common``). Every program takes the *whole* data set, the same on every rank (as a
-script loads its data set), and picks its own part by rank. The checker grades a learner's answer to one
-program on two counts:
+script loads its data set), and picks its own part by rank. The data set is random, from a seed the checker draws
+and keeps (``rank_secrets``). The checker grades a learner's answer to one program on two counts:
 
 - **the diagnosis**: one of ``BUG_KINDS``, compared with the bug planted in that program;
 - **the fix**: run on ranks with a timeout (a fix that still hangs is stopped and reported), then
@@ -15,6 +15,11 @@ program on two counts:
   everything on every rank from the whole data set, is not a distributed program any more;
   (2) every rank's result must equal a single-process reference computed here, in the kernel, from the same
   data (``torch.testing.assert_close``; the uneven-data program accepts each of the three usual fixes).
+
+Each rank gets its own copy of the data set with the other ranks' parts hidden (``hide_others``), through
+``run_ranks``'s ``rank_args``: no rank holds what another one's result needs, nor the seed to make it. The rank
+function reports what it saw (``REPORT``); the references are computed here, never taken from a rank. So a fix, or
+code that replaces the rank function, reaches the right result only by moving data between the ranks.
 """
 
 import hashlib
@@ -22,9 +27,11 @@ import hashlib
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.utils.data import DistributedSampler
 
 from ..comm.ledger import CommLedger
 from .common import CheckResult, LabCheckFailed, caught, close, fail, first_error, launch_answer, raise_if_error
+from .rank_secrets import generator, new_seeds, report_each
 
 BUG_KINDS = {
     "order": "the ranks call the same collectives in different orders",
@@ -81,15 +88,24 @@ HINTS = {
 
 # ------------------------------------------------------------------ the data of each program, as a function of n
 
-def make_data(program, world_size):
-    """The data set of ``program`` ("A".."F") on ``world_size`` ranks: the same on every rank, deterministic."""
-    g = torch.Generator().manual_seed(11 + ord(program))
+def make_data(program, world_size, seed=None):
+    """The data set of ``program`` ("A".."F") on ``world_size`` ranks, the same on every rank: random, from ``seed``
+    (None: a fresh one, ``rank_secrets.new_seeds``). The checker draws the seed and keeps it, so a rank cannot make
+    the data set itself; each planted bug shows whatever the seed."""
+    if program not in PROGRAMS:
+        raise ValueError(f"no program {program!r}: the lab's programs are {sorted(PROGRAMS)}.")
+    g = generator(new_seeds(1)[0] if seed is None else seed, ord(program), world_size)
     n = world_size
     if program == "A":  # rank r holds 3r samples: rank 0 holds none
         return [torch.randint(1, 10, (3 * r,), generator=g).float() for r in range(n)]
-    if program == "B":  # rank r has labels 0 .. r+1 only, of NUM_CLASSES classes
-        return {"labels": [torch.randint(0, min(r + 2, NUM_CLASSES), (6,), generator=g) for r in range(n)],
-                "num_classes": NUM_CLASSES}
+    if program == "B":  # rank r has labels 0 .. r+1 only, of NUM_CLASSES classes, and r+1 among them: histograms
+        labels = []     # of different lengths on every seed
+        for r in range(n):
+            top = min(r + 1, NUM_CLASSES - 1)
+            x = torch.randint(0, top + 1, (6,), generator=g)
+            x[torch.randint(0, 6, (1,), generator=g)] = top
+            labels.append(x)
+        return {"labels": labels, "num_classes": NUM_CLASSES}
     if program == "C":
         return {"lr": torch.tensor([0.5]), "grads": torch.randint(-5, 6, (n, 4), generator=g).float()}
     if program == "D":
@@ -99,13 +115,16 @@ def make_data(program, world_size):
         x = torch.randn(count, 4, 4, generator=g)
         y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.1 * torch.randn(count, 4, 1, generator=g)
         return {"batches": [(x[i], y[i]) for i in range(count)], "lr": 0.1}
-    raise ValueError(f"no program {program!r}: the lab's programs are {sorted(PROGRAMS)}.")
 
 
-def hide_others(program, data, rank):
+def hide_others(program, data, rank, seed):
     """``data`` as ``rank`` should use it: the parts that belong to the other ranks replaced by other numbers, as
-    if each rank had loaded only its own. A fix must get the other ranks' contributions by communicating."""
-    g = torch.Generator().manual_seed(1000 + rank)
+    if each rank had loaded only its own. A fix must get the other ranks' contributions by communicating.
+
+    The other numbers come from ``seed`` (the checker's, never a rank's), so a rank cannot undo them; each sum a fix
+    could take of them differs from the true one (noise of 1 to 4 added; program B's labels redrawn until the
+    counts differ), so a fix that reads them is never right by chance."""
+    g = generator(seed, 1000, rank)
 
     def junk(t):
         return t + torch.randint(1, 5, t.shape, generator=g).to(t.dtype)
@@ -113,16 +132,28 @@ def hide_others(program, data, rank):
     if program == "A":
         return [x if r == rank else junk(x) for r, x in enumerate(data)]
     if program == "B":
-        return dict(data, labels=[x if r == rank else (x + 1) % NUM_CLASSES for r, x in enumerate(data["labels"])])
+        labels, others = list(data["labels"]), [r for r in range(len(data["labels"])) if r != rank]
+
+        def counts(chosen):
+            return sum((torch.bincount(chosen[r], minlength=NUM_CLASSES) for r in others), torch.zeros(NUM_CLASSES))
+
+        true = counts(labels)
+        while others and torch.equal(counts(labels), true):
+            for r in others:
+                labels[r] = (data["labels"][r] + torch.randint(1, NUM_CLASSES, (6,), generator=g)) % NUM_CLASSES
+        return dict(data, labels=labels)
     if program == "C":  # only rank 0 holds the learning rate
         grads = torch.stack([x if r == rank else junk(x) for r, x in enumerate(data["grads"])])
         return {"lr": data["lr"] if rank == 0 else junk(data["lr"]), "grads": grads}
     if program == "D":
         return torch.stack([x if r == rank else junk(x) for r, x in enumerate(data)])
-    if program == "E":
-        n = len(data["batches"]) // 2
-        return dict(data, batches=[b if i % n == rank else (junk(b[0]), b[1]) for i, b in enumerate(data["batches"])])
-    return data  # F: DistributedSampler's padding reads a batch of another rank, as a right fix may
+    # E and F: a rank's batches are rank::n; F's right fixes read those, and padding like DistributedSampler reads
+    # one more, of another rank (the sampler's own indices: it needs no process group given num_replicas and rank)
+    n = len(data["batches"]) // 2
+    own = set(range(rank, len(data["batches"]), n))
+    if program == "F":
+        own |= set(DistributedSampler(range(len(data["batches"])), num_replicas=n, rank=rank, shuffle=False))
+    return dict(data, batches=[b if i in own else (junk(b[0]), junk(b[1])) for i, b in enumerate(data["batches"])])
 
 
 def _train_reference(batches_per_round, lr, scales=None):
@@ -184,10 +215,13 @@ def _same(got, want):
 
 # ------------------------------------------------------------------ inside the ranks
 
-def _on_rank(fn, data, ddp, per_rank=False):
+REPORT = dict(value=None, error=(tuple, type(None)), calls=int, ddp_forwards=int)  # what _on_rank reports: no reference
+
+
+def _on_rank(fn, ddp, data):
     """Runs on every rank: the fixed program inside a ledger (and a DDP forward counter); errors come back as data.
-    ``per_rank``: ``data`` is a list, one data set per rank."""
-    data = data[dist.get_rank()] if per_rank else data
+    ``data``: this rank's own (``rank_args``, the others' parts hidden), or the whole data set for every rank. Reports
+    what it saw (``REPORT``); the references are the checker's (``references``)."""
     forwards = [0]
     saved = torch.nn.parallel.DistributedDataParallel.forward
 
@@ -241,10 +275,11 @@ def check_fix(program, diagnosis, fixed, world_sizes=(2, 3), timeout=30.0):
     for n in world_sizes:
         if n < 2:
             raise ValueError(f"world size {n}: these bugs need at least 2 ranks; use 2 to 6.")
-        data, ddp = make_data(program, n), program in DDP_PROGRAMS
-        hidden = [hide_others(program, data, r) for r in range(n)]  # each rank sees only its own part
-        ranks = launch_answer(_on_rank, (fixed, hidden, ddp, True), n, timeout,
-                              f"program {program}'s fix", HINTS["deadlock"])
+        seed = new_seeds(1)[0]  # the checker's alone: no rank can make the data set, or undo what hides it
+        data, ddp = make_data(program, n, seed), program in DDP_PROGRAMS
+        hidden = [(hide_others(program, data, r, seed),) for r in range(n)]  # each rank its own, sent to it alone
+        ranks = report_each(launch_answer(_on_rank, (fixed, ddp), n, timeout, f"program {program}'s fix",
+                                          HINTS["deadlock"], rank_args=hidden), REPORT, n)
         raise_if_error(first_error(ranks), n, HINTS)
         calls = [rk["ddp_forwards"] if ddp else rk["calls"] for rk in ranks]
         what = "DDP forward passes" if ddp else "torch.distributed calls"
@@ -256,8 +291,8 @@ def check_fix(program, diagnosis, fixed, world_sizes=(2, 3), timeout=30.0):
         match = next((name for name, per_rank in wanted.items()
                       if all(_same(rk["value"], w) for rk, w in zip(ranks, per_rank))), None)
         if match is None:  # wrong with each rank's own part only: wrong also with the whole data set on every rank?
-            whole = launch_answer(_on_rank, (fixed, data, ddp), n, timeout, f"program {program}'s fix",
-                                  HINTS["deadlock"])
+            whole = report_each(launch_answer(_on_rank, (fixed, ddp, data), n, timeout, f"program {program}'s fix",
+                                              HINTS["deadlock"]), REPORT, n)
             if first_error(whole) is None and any(all(_same(rk["value"], w) for rk, w in zip(whole, per_rank))
                                                   for per_rank in wanted.values()):
                 fail(HINTS, "no_communication", f"program {program}: right when every rank can read the whole data "
@@ -268,8 +303,8 @@ def check_fix(program, diagnosis, fixed, world_sizes=(2, 3), timeout=30.0):
             fail(HINTS, "wrong_result", f"program {program}: rank {r} returned {_show(ranks[r]['value'])}, one process "
                  f"computes {_show(per_rank[r])} ({name}).", n)
         lines.append(f"world_size={n}: finished; every rank communicated ({min(calls)}-{max(calls)} {what} each); "
-                     f"results equal one process ({match})"
-                     + ("" if program == "F" else ", each rank given only its own part of the data"))
+                     f"results equal one process ({match}), each rank given only its own part of the data"
+                     + (" (and the batch DistributedSampler's padding reads)" if program == "F" else ""))
     return CheckResult(f"program {program}", lines)
 
 

@@ -330,7 +330,11 @@ def _no_fit_outcome(choose_plan, job, args):
 
 def check_plan_run(choose_plan, world_size, steps=2, timeout=300):
     """Ask ``choose_plan`` (or take a Plan) for the tiny Llama on ``world_size`` CPU ranks under 400 kB; run it as it
-    says (schedule, checkpointing; refuse what cannot run); check equality with one process and memory per rank."""
+    says (schedule, checkpointing; refuse what cannot run); check equality with one process and memory per rank.
+
+    The ranks run none of the answer's code (issue 37, part 3): they get the plan, plain data judged against
+    ``OPTIMA`` before they start, and no ``AnswerRef``, so the references may stay public (``parallelize3d.reference``,
+    the planner's bytes): a class body that replaces the training step never reaches them (a test plants one)."""
     __tracebackhide__ = True
     job, *args = run_job(world_size)
     plan = choose_plan if isinstance(choose_plan, planner.Plan) else call_choose_plan(choose_plan, job, args)

@@ -31,7 +31,7 @@ import torch
 
 from .common import LabCheckFailed
 
-__all__ = ["HINTS", "new_seeds", "rank_args", "generator", "reports", "own_copy", "fields", "tensors_like"]
+__all__ = ["HINTS", "new_seeds", "rank_args", "generator", "reports", "own_copy", "fields", "tensors_like", "report_each"]
 
 HINTS = {
     "not_a_report": "the ranks sent back something the checker's own rank function never returns (other cases, "
@@ -133,3 +133,15 @@ def tensors_like(got, want, label, world_size, every=True):
                 f"a {type(mine).__name__}"
             _refuse(f"{name} is {what}, not {tuple(tensor.shape)} {tensor.dtype}", label, world_size)
     return got
+
+
+def report_each(per_rank, fields, world_size, label="the ranks"):
+    """``reports`` for a rank function that returns one dict, not a list of cases: the same checks (one dict a rank,
+    with ``fields``), the same refusal. Returns ``per_rank``."""
+    __tracebackhide__ = True
+    if not isinstance(per_rank, list) or not all(isinstance(report, dict) for report in per_rank):
+        kinds = sorted({type(r).__name__ for r in per_rank}) if isinstance(per_rank, list) else type(per_rank).__name__
+        raise LabCheckFailed("not_a_report", f"{label}: one dict a rank expected; got {kinds}", HINTS["not_a_report"],
+                             world_size)
+    reports([[report] for report in per_rank], fields, 1, world_size, label)
+    return per_rank
