@@ -18,8 +18,10 @@ checker an ``AnswerRef`` for each name, a handle that holds the notebook's path 
 So an ``@answer_side`` step observes (the answer's result, the calls it made) and the judge decides: the checker
 compares what comes back with what it computes itself. What an answer can still do, in its own process, is lie about
 what it observed there (hide a forbidden call by patching the watcher); for these steps it must still return right
-numbers. In the ranks it can do more, for now: the checkers' rank functions compute their references there, beside the
-answer's code, which can replace them (issue 37, part 3, open).
+numbers. The same holds in the ranks, where a checker's rank function runs beside the answer's code and can be
+replaced by it: each rank gets inputs only it holds, and the checker computes the expected result outside the ranks
+(``rank_secrets``), so the ranks' reports are observations that must still hold right numbers; how the ranks moved
+the data is observed beside the answer's code, and can be hidden (the limit, said there).
 """
 
 from __future__ import annotations

@@ -18,8 +18,9 @@ check cell does. The learner's code runs only where a handle is sent: in the ran
 for the checkers' steps that call it outside the ranks, in one answer process (``utils.checkers.answer_side``); the
 judge reads back what they return as data and tensors only (``utils.launch.restricted``) and decides the verdict
 itself: what an answer raises, prints or writes, or patches in the judge's view, is not the verdict
-(tests/test_workshop_judge.py). Not yet: a checker's rank function runs beside the answer in its rank and computes its
-references there, so an answer that replaces it can forge what the judge compares (issue 37, part 3, open). Since
+(tests/test_workshop_judge.py). A checker's rank function runs beside the answer in its rank, so an answer can replace
+it: each rank therefore gets inputs only it holds, and the checker computes the expected result here
+(``utils.checkers.rank_secrets``); what the ranks report about how they moved the data can still be forged. Since
 no learner code runs in it, a judge is warm: each worker keeps one and hands it answer after answer (an interpreter,
 torch and the checkers imported once); and each worker takes a learner's answers one after another, in one folder
 of the learner's, with one rank server for them all (started in the learner's sandbox for the first, stopped after
