@@ -290,3 +290,4 @@ def test_four_learners_run_ranks_at_once_through_the_hub(tmp_path):
     left = [p for p in seen if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not left, f"still running after the hub stopped: {[psutil.Process(p).cmdline() for p in left]}"
     assert not list(state.glob("home/*/.tmp/run_ranks-*")), "a rendezvous folder was left behind"
+    assert not list(state.glob("home/.sandbox-*")), "a sandbox's own folder was left behind"

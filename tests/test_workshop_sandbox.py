@@ -164,3 +164,17 @@ def test_a_rank_gets_its_own_arguments_alone_and_a_graders_ranks_are_undumpable(
             ("all", (10,), 0), ("all", (11,), 0)]
     finally:
         server_handle.stop_rank_server()
+
+
+def test_a_scratch_folder_the_caller_gives_holds_the_sandboxs_own_and_must_be_fresh(tmp_path):
+    """The hub gives each learner's server a scratch folder it removes when the server stops; a folder that is not
+    empty, or inside ``work`` (where the sandboxed code writes), is refused."""
+    work, scratch = tmp_path / "work", tmp_path / "scratch"
+    scratch.mkdir()
+    command = sandbox.sandboxed(["true"], work, scratch=scratch)
+    assert str(scratch / "tmp") in command and sorted(p.name for p in scratch.iterdir()) == ["shm", "tmp"]
+    assert not list(tmp_path.glob(".sandbox-*")), "a folder made beside work, though the caller gave one"
+    for bad in (scratch, work / "inside"):
+        bad.mkdir(exist_ok=True)
+        with pytest.raises(ValueError, match="must be empty and outside work"):
+            sandbox.sandboxed(["true"], work, scratch=bad)

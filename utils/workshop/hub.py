@@ -33,6 +33,7 @@ import os
 import secrets
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner
@@ -86,9 +87,18 @@ class CourseSpawner(SimpleLocalProcessSpawner):
         if self.sandboxed:
             from .sandbox import sandboxed
 
+            self._scratch = tempfile.mkdtemp(prefix=".sandbox-", dir=home.parent)  # removed by stop
             self.cmd = sandboxed([str(BIN / "jupyterhub-singleuser")], home, readable=[self.course], net=True,
-                                 devices=sorted(Path("/dev").glob("nvidia*")))
+                                 devices=sorted(Path("/dev").glob("nvidia*")), scratch=self._scratch)
         return await super().start()
+
+    async def stop(self, now=False):
+        try:
+            return await super().stop(now=now)
+        finally:
+            scratch, self._scratch = getattr(self, "_scratch", None), None
+            if scratch:
+                shutil.rmtree(scratch, ignore_errors=True)
 
 
 def copy_course(home: Path, course: Path = RELEASE):

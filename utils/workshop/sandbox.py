@@ -73,13 +73,15 @@ def _system_binds():
     return binds
 
 
-def sandboxed(argv, work, readable=(), hidden=(), memory=None, cpu=None, net=False, devices=()):
+def sandboxed(argv, work, readable=(), hidden=(), memory=None, cpu=None, net=False, devices=(), scratch=None):
     """The command line that runs ``argv`` in the sandbox (see the module docstring). ``work``: the program's own
     folder (read-write, its working directory); ``readable``: folders it may read (the course; the Python of
     ``sys.base_prefix`` and ``sys.prefix`` are added); ``hidden``: folders and files inside those it must not see;
     ``memory``: bytes of address space per process; ``cpu``: seconds of CPU time per process; ``net``: keep the
     host's network (default: loopback only); ``devices``: device files to pass through (a GPU's ``/dev/nvidia*``;
-    with them ``/sys`` is bound read-only, where the driver's libraries look the GPUs up)."""
+    with them ``/sys`` is bound read-only, where the driver's libraries look the GPUs up); ``scratch``: an empty folder
+    the caller has just made, outside ``work``, for what the sandbox gets of its own (its /tmp, /dev/shm and the empty
+    file), which the caller removes when the sandbox has ended (default: one made beside ``work``, left there)."""
     work = str(Path(work).resolve())
     os.makedirs(work, exist_ok=True)
     binds = _system_binds()
@@ -92,7 +94,10 @@ def sandboxed(argv, work, readable=(), hidden=(), memory=None, cpu=None, net=Fal
     # What the sandbox gets of its own (its /tmp, its /dev/shm, the empty file bound over a hidden one) is made fresh
     # here, beside ``work``, not in it: code that ran in an earlier sandbox of the same ``work`` could have put a
     # symlink where such a path would be, and bwrap, or this function, would follow it out of the sandbox.
-    own = tempfile.mkdtemp(prefix=".sandbox-", dir=os.path.dirname(work))
+    own = str(scratch) if scratch is not None else tempfile.mkdtemp(prefix=".sandbox-", dir=os.path.dirname(work))
+    if os.listdir(own) or Path(own).resolve() == Path(work) or Path(work) in Path(own).resolve().parents:
+        raise ValueError(f"scratch={own}: the sandbox's own folder must be empty and outside work={work}: make a "
+                         "fresh one with tempfile.mkdtemp beside it.")
     for path in map(str, hidden):
         path = str(Path(path).resolve())
         if os.path.isdir(path):  # an empty folder in its place, read-only: nothing written there lands in memory
