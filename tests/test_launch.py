@@ -306,3 +306,27 @@ def test_each_rank_is_told_a_typed_frozen_setup_with_the_plans_names():
     got = run_ranks(lambda: (torch.get_num_threads(), str(rank_device())), world_size=2, threads_per_rank=1,
                     verbose=False)
     assert got == [(1, "cpu"), (1, "cpu")]
+
+
+def test_a_process_a_rank_leaves_holding_its_output_does_not_hold_the_cell():
+    """A rank that started a process in a session of its own (a daemon, a server) and returned: run_ranks returns its
+    value once the rank has ended and its output drained briefly, not at the timeout (the process still holds the
+    rank's stdout)."""
+    import subprocess
+
+    marker = f"31337.{os.getpid()}"
+    start = time.monotonic()
+    try:
+        assert run_ranks(_leave_a_daemon, marker, world_size=1, process_group=False, verbose=False, timeout=60) == [
+            "left"]
+        took = time.monotonic() - start
+        assert subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True).stdout, "no daemon: proves nothing"
+        assert took < 30, f"run_ranks waited {took:.1f} s for a daemon's pipe"
+    finally:
+        subprocess.run(["pkill", "-f", f"sleep {marker}"])
+
+
+def _leave_a_daemon(marker):
+    import subprocess
+    subprocess.Popen(["sleep", marker], start_new_session=True)
+    return "left"

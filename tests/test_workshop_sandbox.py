@@ -2,12 +2,14 @@
 not what is hidden, writes only its own folder, takes every process it started with it, and meets its limits.
 Skipped, with the reason, where bubblewrap cannot run (its message is tested everywhere)."""
 
+import os
 import subprocess
 import sys
 import time
 
 import pytest
 
+from utils.course.notebook_runner import ROOT
 from utils.workshop import sandbox
 
 WHY = sandbox.available()
@@ -178,3 +180,33 @@ def test_a_scratch_folder_the_caller_gives_holds_the_sandboxs_own_and_must_be_fr
         bad.mkdir(exist_ok=True)
         with pytest.raises(ValueError, match="must be empty and outside work"):
             sandbox.sandboxed(["true"], work, scratch=bad)
+
+
+@needs_bwrap
+def test_a_sandboxed_rank_server_sweeps_what_an_answer_left_running(monkeypatch, tmp_path):
+    """The judge keeps a learner's rank server for the learner's next answer; between two, the server kills what the
+    answer's code left in the sandbox (a daemon of a rank, in a session of its own), and keeps serving."""
+    from utils.launch import run_ranks, server_handle
+
+    marker = f"31337.{os.getpid()}"
+
+    def leave_a_daemon(marker):
+        import subprocess
+        subprocess.Popen(["sleep", marker], start_new_session=True)
+        return "left"
+
+    def running():
+        return subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True).stdout.split()
+
+    server_handle.stop_rank_server()
+    monkeypatch.setattr(server_handle, "SERVER_WRAPPER",
+                        lambda argv: sandbox.sandboxed(argv, tmp_path / "work", readable=[ROOT]))
+    try:
+        assert run_ranks(leave_a_daemon, marker, world_size=1, process_group=False, verbose=False) == ["left"]
+        assert running(), "the planted daemon did not start: the test proves nothing"
+        assert server_handle.sweep_rank_server() >= 1
+        time.sleep(0.5)
+        assert running() == [], "the daemon outlived the sweep"
+        assert run_ranks(leave_a_daemon, "0.1", world_size=1, process_group=False, verbose=False) == ["left"]
+    finally:
+        server_handle.stop_rank_server()

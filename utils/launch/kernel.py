@@ -261,7 +261,10 @@ def _pump(ranks, server, until, stop_when=lambda: False):
         now = time.monotonic()
         if now >= until or (not handles and all(r.exitcode is not None for r in ranks)):
             return
-        for h in wait([*handles, server.conn], timeout=until - now):
+        # a rank that has ended is drained only briefly (``_Rank.handles``): look again soon, or a process it left
+        # holding its output (a daemon) keeps this wait, and the cell, until the timeout
+        step = until - now if all(r.exitcode is None for r in ranks) else min(until - now, 0.1)
+        for h in wait([*handles, server.conn], timeout=step):
             if h is server.conn:
                 server.poll()
             else:

@@ -23,6 +23,9 @@ The kernel talks to it over a Unix socket (``FD``), one pickled message at a tim
   ``("started", pid)``;
 - ``("signal", pid, signum, group, alone)``: send a rank (or its process group) a signal: a server in a sandbox
   has a process namespace of its own, so only it knows which process a rank's number is;
+- ``("sweep",)``: in a sandbox (``--sandboxed``), kill every process of its namespace but the sandbox's first and
+  itself, ranks included: what an answer's code left running (a daemon) never reaches the next answer it serves;
+  answers ``("swept", count)`` (always 0 outside a sandbox, where the namespace is the machine's);
 - and, whenever a rank ends, the server says ``("exited", pid, exit_code)`` by itself.
 
 When the kernel goes away (the socket closes) the server kills its ranks and exits; Linux also
@@ -88,6 +91,8 @@ def main(fd: int, sandboxed: bool = False):
             _, pid, signum, group, alone = message
             if pid in children or group:
                 send_signal(pid, signum, group, alone)
+        elif message[0] == "sweep":
+            conn.send(("swept", _sweep() if sandboxed else 0))
         elif message[0] == "launch":
             _, setup, payload = message
             _, fds, _, _ = socket.recv_fds(sock, 1, 4)
@@ -122,6 +127,20 @@ def _preload(modules):
             failed[name] = f"{type(exc).__name__}: {exc}"
     gc.freeze()  # what is imported now is never collected: a rank's gc then skips these objects
     return failed
+
+
+def _sweep():
+    """SIGKILL every process of this (the sandbox's) process namespace but its first (bwrap) and this server; returns
+    how many. A process that ends meanwhile is not counted."""
+    killed = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) not in (1, os.getpid()):
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+                killed += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+    return killed
 
 
 def _reap(children):

@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from multiprocessing.connection import Connection
 
 from .children import send_signal
@@ -55,6 +56,20 @@ def stop_rank_server():
         _SERVER = None
 
 
+def sweep_rank_server():
+    """If this kernel's rank server runs in a sandbox, have it kill what else runs there (``RankServer.sweep``): the
+    workshop's judge, between two answers of one learner, whose server it keeps. Returns how many; a server that has
+    died meanwhile is stopped (the next answer starts another)."""
+    global _SERVER
+    if _SERVER is None or not _SERVER.alive():
+        return 0
+    try:
+        return _SERVER.sweep()
+    except (OSError, EOFError, RuntimeError, TimeoutError):  # died, or stopped by what it should have swept
+        stop_rank_server()
+        return 0
+
+
 class RankServer:
     """Starts ``python -m utils.launch.server`` and speaks its protocol (see server.py)."""
 
@@ -90,6 +105,19 @@ class RankServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+    def sweep(self, wait=10.0):
+        """Have a sandboxed server kill every other process of its sandbox (what an answer left running) and say how
+        many (``server.py``); 0 for a server outside a sandbox, which kills nothing."""
+        if SERVER_WRAPPER is None:
+            return 0
+        self.conn.send(("sweep",))
+        deadline = time.monotonic() + wait
+        while self.conn.poll(max(0.0, deadline - time.monotonic())):
+            message = self._read()
+            if message[0] == "swept":
+                return message[1]
+        raise TimeoutError(f"the rank server did not sweep its sandbox within {wait:g} s (stopped by a process there?)")
 
     def mirror_imports(self):
         """Have the server import the heavy libraries this kernel has imported since it started."""

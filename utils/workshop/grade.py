@@ -360,6 +360,8 @@ def judge_one(job):
         if not job.get("keep"):
             server_handle.stop_rank_server()
             SERVING[0] = None
+        else:  # what this answer left running in the learner's sandbox never reaches the learner's next answer
+            server_handle.sweep_rank_server()
     fields["message"] = fields["message"][:MESSAGE_LIMIT]
     fields["checking"] = round(time.perf_counter() - start, 2)
     fields["starting"] = round(STARTED[0] - start, 2)
