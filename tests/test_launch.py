@@ -330,3 +330,17 @@ def _leave_a_daemon(marker):
     import subprocess
     subprocess.Popen(["sleep", marker], start_new_session=True)
     return "left"
+
+
+def test_a_view_in_a_ranks_own_arguments_carries_only_its_elements():
+    """Pickling a view sends its whole storage: a rank given its slice of a batch would get its peers' shares too.
+    run_ranks sends each tensor of ``rank_args`` in a storage of its own."""
+    import torch
+
+    batch = torch.arange(1000.0).view(10, 100)
+
+    def storage(share):
+        return share.untyped_storage().nbytes(), share.sum().item()
+
+    shares = run_ranks(storage, world_size=2, rank_args=[(batch[k],) for k in range(2)], verbose=False)
+    assert shares == [(400, batch[0].sum().item()), (400, batch[1].sum().item())], shares

@@ -413,17 +413,19 @@ def test_an_exception_in_the_answer_is_named_with_its_line():
 # ------------------------------------------------------------------ issue 37, part 3: inputs only one rank holds
 
 def test_each_rank_gets_its_own_seed_and_share_and_nothing_of_its_peers():
-    """rank_args carry rank k's seed and its 16 samples of every step, in a storage of its own: a view of the batches
-    would pickle them whole, peers' shares included. The batches are drawn afresh at every check, from a secret."""
+    """rank_args carry rank k's seed and its 16 samples of every step, sent in a storage of their own (run_ranks
+    compacts a view, which would pickle the batches whole, peers' shares included). The batches are drawn afresh at
+    every check, from a secret."""
     import pickle
 
     from utils.checkers.ddp import PER_RANK, _batches, _rank_args
     from utils.checkers.rank_secrets import new_seeds
+    from utils.launch.kernel import _compact
 
     steps, n = 3, 4
     batches, seeds = _batches(1797, steps, n), new_seeds(n)
     assert batches.shape == (steps, PER_RANK * n) and not torch.equal(batches, _batches(1797, steps, n))
-    args = _rank_args(seeds, batches)
+    args = [_compact(a) for a in _rank_args(seeds, batches)]  # as run_ranks sends them
     assert [seed for seed, _ in args] == seeds
     for k, (_, share) in enumerate(args):
         assert torch.equal(share, batches[:, k * PER_RANK:(k + 1) * PER_RANK])

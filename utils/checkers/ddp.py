@@ -30,7 +30,7 @@ from ..models import ToyNet, make_model
 from .boundaries import bucket_caps
 from .common import GRAD_TOL, WEIGHT_TOL, CheckResult, LabCheckFailed, caught, close, first_error, launch_answer, raise_if_error
 from .rank_secrets import HINTS as SECRET_HINTS
-from .rank_secrets import fields, generator, new_seeds, own_copy, reports, tensors_like
+from .rank_secrets import fields, generator, new_seeds, reports, tensors_like
 
 # bytes (utils.checkers.boundaries.bucket_caps on ToyNet's trainable gradients, last first: 40, 2,560, 256, 256,
 # 16,384, 256, 16,384 B): one bucket for all (1 MB); a cap reached inside a tensor (4 KB: a parameter is never
@@ -255,9 +255,9 @@ def _batches(samples, steps, world_size):
 
 def _rank_args(seeds, batches):
     """``run_ranks``'s ``rank_args``: rank k gets its seed and its share of every step's batch, the k-th PER_RANK
-    indices, in a tensor of its own (``own_copy``: a view would carry the whole batches with it)."""
+    indices (a view: run_ranks sends it as a tensor of its own, not with the whole batches it views)."""
     shares = batches.view(len(batches), len(seeds), PER_RANK)  # (steps, n, PER_RANK)
-    return [(seed, own_copy(shares[:, k])) for k, seed in enumerate(seeds)]
+    return [(seed, shares[:, k]) for k, seed in enumerate(seeds)]
 
 
 def _observed(per_rank, caps, steps, n, start, ref_grads):

@@ -31,7 +31,7 @@ import torch
 
 from .common import LabCheckFailed
 
-__all__ = ["HINTS", "new_seeds", "rank_args", "generator", "reports", "own_copy", "fields", "tensors_like", "report_each"]
+__all__ = ["HINTS", "new_seeds", "rank_args", "generator", "reports", "fields", "tensors_like", "report_each"]
 
 HINTS = {
     "not_a_report": "the ranks sent back something the checker's own rank function never returns (other cases, "
@@ -88,12 +88,6 @@ def reports(per_rank, fields, cases, world_size, label="the ranks"):
         if len(report) < cases and not report[-1].get("error"):
             refuse(f"rank {k} stopped after {len(report)} of {cases} cases without an error")
     return per_rank
-
-
-def own_copy(tensor):
-    """``tensor`` in a storage of its own, for ``rank_args``: a view (a rank's slice of a batch) pickles the whole
-    storage it views, its peers' shares with it."""
-    return tensor.clone(memory_format=torch.contiguous_format)
 
 
 def _refuse(what, label, world_size):

@@ -69,11 +69,11 @@ def run_ranks(fn, *args, world_size, timeout=DEFAULT_TIMEOUT, backend="auto", th
     cores out; ``process_group=False`` starts the processes without one (for a library that makes
     its own, like Lightning's ``ddp_notebook``); ``verbose`` prints the plan.
 
-    ``rank_args``: one tuple of plain values per rank, passed after ``args`` to that rank alone, for what one rank may
-    know and its peers may not (a checker's secret inputs, ``utils.checkers.rank_secrets``). They do not travel with
-    the payload: each rank's come on a pipe of its own, which the server hands on unread. In the grader's sandbox the
-    server and its ranks are undumpable (``PR_SET_DUMPABLE`` 0), so that no other process of the answer's user reads
-    them from a rank's memory.
+    ``rank_args``: one tuple of plain values and tensors per rank, passed after ``args`` to that rank alone, for what
+    one rank may know and its peers may not (a checker's secret inputs, ``utils.checkers.rank_secrets``). A tensor that
+    views a larger storage travels as a copy of its own elements. They do not travel with the payload: each rank's come
+    on a pipe of its own, which the server hands on unread. In the grader's sandbox the server and its ranks are
+    undumpable (``PR_SET_DUMPABLE`` 0), so that no other process of the answer's user reads them from a rank's memory.
     """
     __tracebackhide__ = True  # IPython and pytest then show the learner's cell, not the launcher
     if not callable(fn):
@@ -122,11 +122,26 @@ def _rank_args(rank_args, world_size):
     if not isinstance(rank_args, (list, tuple)) or len(rank_args) != world_size or not all(
             isinstance(a, tuple) for a in rank_args):
         raise ValueError(f"rank_args must hold one tuple per rank ({world_size}), got {rank_args!r:.200}.")
-    out = [pickle.dumps(a) for a in rank_args]
+    out = [pickle.dumps(_compact(a)) for a in rank_args]
     if max(map(len, out)) > SECRET_LIMIT:
         raise ValueError(f"rank_args of {max(map(len, out)):,} bytes for one rank: they travel in a pipe of at most "
                          f"{SECRET_LIMIT:,}; send a seed and make the data from it on the rank.")
     return out
+
+
+def _compact(value):
+    """``value`` with each tensor in it (in tuples, lists and dicts) in a storage of its own: pickle sends a tensor's
+    whole storage, so a view (a rank's slice of a batch) would carry its peers' shares with it."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.clone(memory_format=torch.contiguous_format) if (
+            value.untyped_storage().nbytes() != value.numel() * value.element_size()) else value
+    if type(value) in (tuple, list):
+        return type(value)(_compact(v) for v in value)
+    if type(value) is dict:
+        return {k: _compact(v) for k, v in value.items()}
+    return value
 
 
 def _secret_pipe(data):
