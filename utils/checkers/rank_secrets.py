@@ -5,11 +5,11 @@ learner's code can replace (a class body that patches the checker when the noteb
 does not take its references from a rank. It gives each rank a random seed of its own (``new_seeds``, through
 ``run_ranks``'s ``rank_args``: each rank's on a pipe of its own, never in the payload every rank gets, and a rank that
 holds one is undumpable, so a peer cannot read it from its memory). The rank makes its inputs from its seed
-(``generator``), or gets its own share of small data itself in its ``rank_args`` (lab 05); the checker, which holds
-every seed (every share), makes the same inputs and computes the expected result outside the ranks (in the workshop's
-grader, in the judge, where no learner code runs; in a notebook, in the kernel). A rank's report is then checked for
-its shape (``reports``), and the checker adds its own ``expected`` to it. No rank holds the expected result either, not
-even for a moment: an answer's code can read its caller's variables (``sys._getframe(1).f_locals``).
+(``generator``), or gets its own share of small data itself in its ``rank_args`` (labs 05 and 14); the checker, which
+holds every seed (every share), makes the same inputs and computes the expected result outside the ranks (in the
+workshop's grader, in the judge, where no learner code runs; in a notebook, in the kernel). A rank's report is then
+checked for its shape (``reports``), and the checker adds its own ``expected`` to it. No rank holds the expected result
+either, not even for a moment: an answer's code can read its caller's variables (``sys._getframe(1).f_locals``).
 
 What this buys: an answer that moves no data between its ranks does not reach the right values, so a stub that patches
 the checker's rank function fails, whatever its ranks report. What it does not: how the ranks moved the data (their
