@@ -8,10 +8,12 @@ tests/test_notebooks.py.
 """
 
 import functools
+import inspect
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import nbformat
 import pytest
 import torch
 import torch.distributed as dist
@@ -23,6 +25,9 @@ from utils.checkers.guard import module_functions
 from utils.checkers.ring_attention import RING_HINTS, _partials, check_ring_attention
 from utils.context_parallel import ring as ring_module
 from utils.context_parallel.ring import merge as the_lesson_merge
+from utils.workshop import grade as grader
+from utils.workshop.sandbox import available
+from utils.workshop.submissions import notebook_with
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
 from solutions.ring_attention import causal_block, merge  # noqa: E402
@@ -189,3 +194,65 @@ def merge_raising_in_the_ring(o1, l1, o2, l2):
 ], ids=["in the kernel", "in the ranks"])
 def test_an_exception_in_the_answer_is_named_with_its_line(wrong, line):
     expect_raised(check_ring_attention, wrong, causal_block, world_sizes=(2,), line=line)
+
+
+# ------------------------------------------------------------------ an answer that replaces the checker's rank function
+
+# Issue 37, part 3: in the grader, the learner's code runs in each rank, beside the checker's rank function, and can
+# replace it. The merge and the rule are checked first, in the answer's process, against what the judge computes, so a
+# forger needs pieces that pass there: here a merge of the right values cut off the graph (the ring's gradients would
+# show it: wrong_gradient). Each rank holds its own tokens of q, k, v only (utils.checkers.rank_secrets), and the
+# checker computes the attention itself: what one rank can compute alone is a mistake, and a report of another shape
+# is not a report.
+FORGER = '''import torch
+import utils.checkers.ring_attention as _ra
+
+
+def _forged(merge, causal_block, cases, shards):
+    import torch.distributed as dist
+    from utils.context_parallel.ring import positions
+    rank, n, results = dist.get_rank(), dist.get_world_size(), []
+    for (causal, layout), (q, k, v, dout) in zip(cases, shards):
+        q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+        scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+        if causal:
+            where = positions(rank, n, 4 * n, layout)
+            scores = scores.masked_fill(where[:, None] < where[None, :], float("-inf"))
+        o = torch.softmax(scores, -1) @ v  # over its own keys: all that one rank holds
+        o.backward(dout)
+        results.append([o.detach(), GRAD, k.grad, v.grad])
+    report = dict(error=None, results=results, seen=None, tampered=[])
+    return REPORT
+
+
+class _Patch:  # in the rank: the checker's own rank function replaced
+    _ra._ring.__code__ = _forged.__code__
+
+
+def merge(o1, l1, o2, l2):
+    l = torch.logaddexp(l1, l2)
+    return (o1 * torch.exp(l1 - l) + o2 * torch.exp(l2 - l)).detach(), l.detach()
+'''
+FORGED_RANKS = {
+    "its_own_keys_attention": (FORGER.replace("GRAD", "q.grad").replace("REPORT", "report"), "wrong_output"),
+    "no_report": (FORGER.replace("GRAD", "q.grad").replace("REPORT", "[]"), "not_a_report"),
+    "other_fields": (FORGER.replace("GRAD", "q.grad").replace("REPORT", "dict(report, passed=True)"),
+                     "not_a_report"),
+    "a_gradient_of_another_shape": (FORGER.replace("GRAD", "q.grad[..., :1]").replace("REPORT", "report"),
+                                    "not_a_report"),
+}
+RULE = inspect.getsource(causal_block)  # the reference's rule: it passes, as the forger needs
+
+
+@pytest.mark.skipif(available() is not None, reason="the grader's sandbox (bubblewrap) does not run here")
+@pytest.mark.parametrize("kind", sorted(FORGED_RANKS))
+def test_an_answer_that_replaces_the_checkers_rank_function_does_not_pass(tmp_path, kind):
+    source, wanted = FORGED_RANKS[kind]
+    lab = "14_ring_attention_lab"
+    path = tmp_path / "forger" / f"{lab}.ipynb"
+    path.parent.mkdir()
+    nbformat.write(notebook_with(lab, {"merge": source, "causal_block": RULE}), str(path))
+    verdict = grader.run_answer(grader.Answer("forger", lab, path, "x"), 0, world_size=2, smoke=True, timeout=240,
+                                sandbox=True)
+    # not wrong_gradient, what its merge gives in the checker's own rank function: the forged function ran instead
+    assert verdict.verdict == "mistake" and verdict.mistake == wanted, (verdict.label, verdict.message[:2000])

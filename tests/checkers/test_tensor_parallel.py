@@ -10,6 +10,7 @@ mistake shows on 2 and on 3). Also: ``utils.tensor_parallel.check_tp_degree``'s 
 notebook itself runs in tests/test_notebooks.py.
 """
 
+import nbformat
 import pytest
 import torch
 import torch.distributed as dist
@@ -17,6 +18,9 @@ import torch.nn.functional as F
 
 from lab_grading import expect_raised, expect_rejection
 from utils.checkers.tensor_parallel import check_vocab_parallel_cross_entropy
+from utils.workshop import grade as grader
+from utils.workshop.sandbox import available
+from utils.workshop.submissions import notebook_with
 from utils.tensor_parallel import check_tp_degree, nearest_tp_degrees, valid_tp_degrees
 
 
@@ -165,3 +169,67 @@ class ShapeError(torch.autograd.Function):
 def test_an_exception_in_the_answer_is_named_with_its_line():
     expect_raised(check_vocab_parallel_cross_entropy, ShapeError, world_sizes=(2,),
                   line="return logits @ logits  # planted")
+
+
+# ------------------------------------------------------------------ a stub that replaces the checker's rank function
+
+# Issue 37, part 3: in the grader, the learner's class body runs in each rank, beside the checker's rank function, and
+# can replace it. Each rank holds its own block of the logits only (utils.checkers.rank_secrets), and the checker
+# computes the losses from the whole logits itself: what one rank can compute alone is a mistake, and a report of
+# another shape is not a report.
+FORGER = '''import torch
+import utils.checkers.tensor_parallel as _tp
+
+
+def _forged(cls, public, blocks):
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    out = []
+    for case in ("tame", "spread", "large", "apart"):
+        target, weights = public[case]
+        block = blocks[case].clone().requires_grad_()
+        width = block.shape[-1]
+        local = (target - dist.get_rank() * width).clamp(0, width - 1)
+        loss = F.cross_entropy(block, local, reduction="none")  # over its own words: all that one rank knows
+        loss.backward(weights)
+        out.append(dict(loss=loss.detach(), grad=GRAD, changed=False, forward=[("all_reduce", 48)] * 3,
+                        backward=[], error=None))
+    return REPORT
+
+
+class _Patch:  # in the rank: the checker's own rank function replaced
+    _tp._cross_entropy_on_rank.__code__ = _forged.__code__
+
+
+class VocabParallelCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, target):
+        raise NotImplementedError("a stub")
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError("a stub")
+'''
+VALUE_MISTAKES = {"wrong_values", "local_max", "target_not_masked", "mask_edges", "wrong_grad"}
+FORGED_RANKS = {
+    "its_own_words_loss": (FORGER.replace("GRAD", "block.grad").replace("REPORT", "out"), VALUE_MISTAKES),
+    "no_case": (FORGER.replace("GRAD", "block.grad").replace("REPORT", "[]"), {"not_a_report"}),
+    "other_fields": (FORGER.replace("GRAD", "block.grad").replace("REPORT", "[dict(c, passed=True) for c in out]"),
+                     {"not_a_report"}),
+    "a_gradient_of_another_shape": (FORGER.replace("GRAD", "block.grad[:, :1]").replace("REPORT", "out"),
+                                    {"not_a_report"}),
+}
+
+
+@pytest.mark.skipif(available() is not None, reason="the grader's sandbox (bubblewrap) does not run here")
+@pytest.mark.parametrize("kind", sorted(FORGED_RANKS))
+def test_a_stub_that_replaces_the_checkers_rank_function_does_not_pass(tmp_path, kind):
+    source, wanted = FORGED_RANKS[kind]
+    lab = "05_tensor_parallel_lab"
+    path = tmp_path / "forger" / f"{lab}.ipynb"
+    path.parent.mkdir()
+    nbformat.write(notebook_with(lab, {"VocabParallelCrossEntropy": source}), str(path))
+    verdict = grader.run_answer(grader.Answer("forger", lab, path, "x"), 0, world_size=2, smoke=True, timeout=240,
+                                sandbox=True)
+    # "mistake", not "not written yet": the forged function ran in place of the checker's, whose stub would raise
+    assert verdict.verdict == "mistake" and verdict.mistake in wanted, (verdict.label, verdict.message[:2000])

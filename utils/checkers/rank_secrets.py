@@ -1,15 +1,15 @@
 """Inputs only one rank holds: what makes a rank's report an observation the checker can verify.
 
-A checker's rank function runs in the rank, beside the learner's code, in one process: whatever it computes there
-the learner's code can replace (a class body that patches the checker when the notebook's definitions run). So a
-checker does not take its references from a rank. It gives each rank a random seed of its own (``new_seeds``,
-through ``run_ranks``'s ``rank_args``: each rank's on a pipe of its own, never in the payload every rank gets, and a
-rank that holds one is undumpable, so a peer cannot read it from its memory). The rank makes its inputs from its seed
-(``generator``); the checker, which holds every seed, makes the same inputs and computes the expected result outside
-the ranks (in the workshop's grader, in the judge, where no learner code runs; in a notebook, in the kernel). A rank's
-report is then checked for its shape (``reports``), and the checker adds its own ``expected`` to it. No rank holds the
-expected result either, not even for a moment: an answer's code can read its caller's variables
-(``sys._getframe(1).f_locals``).
+A checker's rank function runs in the rank, beside the learner's code, in one process: whatever it computes there the
+learner's code can replace (a class body that patches the checker when the notebook's definitions run). So a checker
+does not take its references from a rank. It gives each rank a random seed of its own (``new_seeds``, through
+``run_ranks``'s ``rank_args``: each rank's on a pipe of its own, never in the payload every rank gets, and a rank that
+holds one is undumpable, so a peer cannot read it from its memory). The rank makes its inputs from its seed
+(``generator``), or gets its own share of small data itself in its ``rank_args`` (labs 05 and 14); the checker, which
+holds every seed (every share), makes the same inputs and computes the expected result outside the ranks (in the
+workshop's grader, in the judge, where no learner code runs; in a notebook, in the kernel). A rank's report is then
+checked for its shape (``reports``), and the checker adds its own ``expected`` to it. No rank holds the expected result
+either, not even for a moment: an answer's code can read its caller's variables (``sys._getframe(1).f_locals``).
 
 What this buys: an answer that moves no data between its ranks does not reach the right values, so a stub that patches
 the checker's rank function fails, whatever its ranks report. What it does not: how the ranks moved the data (their
@@ -31,7 +31,8 @@ import torch
 
 from .common import LabCheckFailed
 
-__all__ = ["HINTS", "new_seeds", "rank_args", "generator", "reports", "fields", "tensors_like", "report_each"]
+__all__ = ["HINTS", "new_seeds", "rank_args", "generator", "reports", "fields", "tensors_like", "report_each",
+           "refuse"]
 
 HINTS = {
     "not_a_report": "the ranks sent back something the checker's own rank function never returns (other cases, "
@@ -90,7 +91,9 @@ def reports(per_rank, fields, cases, world_size, label="the ranks"):
     return per_rank
 
 
-def _refuse(what, label, world_size):
+def refuse(what, label, world_size):
+    """Raise ``LabCheckFailed("not_a_report")``: ``what`` the ranks sent (``label`` says where) is nothing the
+    checker's rank function returns."""
     __tracebackhide__ = True
     raise LabCheckFailed("not_a_report", f"{label}: {what}", HINTS["not_a_report"], world_size)
 
@@ -100,11 +103,11 @@ def fields(record, kinds, label, world_size):
     None for anything}, as in ``reports``), and return it; anything else raises ``LabCheckFailed("not_a_report")``."""
     __tracebackhide__ = True
     if not isinstance(record, dict) or set(record) != set(kinds):
-        _refuse(f"fields {sorted(record) if isinstance(record, dict) else type(record).__name__}, expected "
-                f"{sorted(kinds)}", label, world_size)
+        refuse(f"fields {sorted(record) if isinstance(record, dict) else type(record).__name__}, expected "
+               f"{sorted(kinds)}", label, world_size)
     for name, kind in kinds.items():
         if kind is not None and not isinstance(record[name], kind):
-            _refuse(f"{name} is a {type(record[name]).__name__}", label, world_size)
+            refuse(f"{name} is a {type(record[name]).__name__}", label, world_size)
     return record
 
 
@@ -115,17 +118,17 @@ def tensors_like(got, want, label, world_size, every=True):
     raises ``LabCheckFailed("not_a_report")``, before the checker compares values it could not index."""
     __tracebackhide__ = True
     if not isinstance(got, dict):
-        _refuse(f"a {type(got).__name__} where a dict of tensors belongs", label, world_size)
+        refuse(f"a {type(got).__name__} where a dict of tensors belongs", label, world_size)
     for name, tensor in want.items():
         if name not in got:
             if every:
-                _refuse(f"no {name}", label, world_size)
+                refuse(f"no {name}", label, world_size)
             continue
         mine = got[name]
         if not isinstance(mine, torch.Tensor) or mine.shape != tensor.shape or mine.dtype != tensor.dtype:
             what = f"a {tuple(mine.shape)} {mine.dtype} tensor" if isinstance(mine, torch.Tensor) else \
                 f"a {type(mine).__name__}"
-            _refuse(f"{name} is {what}, not {tuple(tensor.shape)} {tensor.dtype}", label, world_size)
+            refuse(f"{name} is {what}, not {tuple(tensor.shape)} {tensor.dtype}", label, world_size)
     return got
 
 

@@ -19,19 +19,22 @@ Same conventions as ``utils.checkers.common``. In order:
 3. **causal_block** on every pair of 2, 3, 4 ranks and both layouts, against the rule on global chunk indices;
 4. **the ring** on 2, 3, 4 (and WORLD_SIZE) CPU ranks with the learner's pieces inside
    ``ring_attention(merge_fn=, block_rule=)``, causal, both layouts, and full attention: outputs and the gradients
-   of q, k, v equal one process's attention.
+   of q, k, v equal one process's attention. The q, k, v are random, new at every check, and each rank gets its own
+   tokens of them only (``rank_secrets``: in its ``rank_args``, never in what every rank gets), so no rank can compute
+   its output and gradients alone: an answer that replaces this module's rank function still has to pass the keys and
+   values between its ranks. The checker computes the attention itself; the ranks report only what they observed.
 """
 
 import math
 
 import torch
-import torch.distributed as dist
 
 from ..context_parallel import ring as ring_module
 from ..context_parallel.ring import chunk_ids, ring_attention, shard, unshard
 from ..launch import rank_device
 from .answer_side import answer_side
 from .common import CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error, watched_call
+from .rank_secrets import generator, new_seeds, refuse, report_each, tensors_like
 from .guard import Guard, Refused, code_key, module_functions
 from .harness import is_learners
 from .watch import Watcher, refuse_tampering
@@ -207,8 +210,9 @@ def _full_attention(q, k, v, causal):
     return torch.softmax(scores, -1) @ v
 
 
-def _case(seed, n):
-    g = torch.Generator().manual_seed(seed)
+def _case(seed, index, n):
+    """Case ``index``'s q, k, v and the gradient of the output, from the checker's ``seed`` (``rank_secrets``)."""
+    g = generator(seed, index)
     s = 4 * n  # 2n zig-zag chunks of 2 tokens
     return [torch.randn(2, 2, s, 8, generator=g, dtype=torch.float64) * 2 for _ in range(4)]  # q, k, v, dout
 
@@ -224,15 +228,18 @@ def _called_by_answer(frame, event, arg):
         return "F.scaled_dot_product_attention"
 
 
-def _ring(merge, causal_block, cases):
+RING_REPORT = dict(error=(tuple, type(None)), results=list, seen=(str, type(None)), tampered=list)  # what _ring reports
+
+
+def _ring(merge, causal_block, cases, shards):
     """Runs on every rank: each case's ring with the learner's pieces, watched (the calls the answer makes, on every
-    thread); this rank's output and gradients."""
-    rank, n = dist.get_rank(), dist.get_world_size()
+    thread); this rank's output and gradients. ``shards``: this rank's own tokens of each case's q, k, v and output
+    gradient (``rank_args``). Reports what it saw (``RING_REPORT``); the expected values are the checker's."""
     out = {"error": None, "results": [], "seen": None, "tampered": []}
     guard = _guard()
     try:
         with guard, Watcher(_called_by_answer) as watcher:
-            _ring_cases(merge, causal_block, cases, out, rank, n)
+            _ring_cases(merge, causal_block, cases, shards, out)
     except Refused:  # recorded: named from the record below
         pass
     except Exception as exc:  # noqa: BLE001
@@ -241,16 +248,38 @@ def _ring(merge, causal_block, cases):
     return out
 
 
-def _ring_cases(merge, causal_block, cases, out, rank, n):
-    for causal, layout in cases:
-        q, k, v, dout = _case(7, n)
+def _ring_cases(merge, causal_block, cases, shards, out):
+    for (causal, layout), mine in zip(cases, shards):
         device = rank_device()  # a GPU per rank where there are enough (NCCL carries CUDA tensors only), else CPU
-        mine = [shard(t, rank, n, layout).to(device).clone().requires_grad_(i < 3) for i, t in
-                enumerate((q, k, v, dout))]
+        mine = [t.to(device).clone().requires_grad_(i < 3) for i, t in enumerate(mine)]
         o = ring_attention(*mine[:3], causal=causal, layout=layout, merge_fn=merge, block_rule=causal_block)
         o.backward(mine[3])
         out["results"].append([t.cpu() for t in [o.detach()] + [torch.zeros_like(t) if t.grad is None else t.grad
                                                                 for t in mine[:3]]])
+
+
+def _results(per_rank, cases, shards, n):
+    """The ranks' results (each rank's report checked by ``rank_secrets.report_each``, none with an error), checked
+    where the checker reads them: one a case, each [output, dq, dk, dv], the gradients like the q, k, v the rank was
+    given (``shards``; autograd gives them their shape and dtype). An output of another shape is the answer's
+    (``wrong_output``)."""
+    __tracebackhide__ = True
+    for rank, (r, mine) in enumerate(zip(per_rank, shards)):
+        if len(r["results"]) != len(cases):
+            refuse(f"{len(r['results'])} results for {len(cases)} cases, and no error", f"rank {rank}", n)
+        for c, (result, given) in enumerate(zip(r["results"], mine)):
+            what = f"rank {rank}, case {c}"
+            if not isinstance(result, list) or len(result) != 4:
+                refuse(f"a {type(result).__name__}, where the checker's rank function reports [output, dq, dk, dv]",
+                       what, n)
+            tensors_like(dict(zip(("output", "dq", "dk", "dv"), result)), dict(zip(("dq", "dk", "dv"), given)), what,
+                         n)
+            if not isinstance(result[0], torch.Tensor):
+                refuse(f"an output that is a {type(result[0]).__name__}", what, n)
+            if result[0].shape != given[0].shape:
+                fail(RING_HINTS, "wrong_output", f"rank {rank}'s output is {tuple(result[0].shape)}, its queries "
+                                                 f"{tuple(given[0].shape)}.", n)
+    return per_rank
 
 
 def check_ring_attention(merge, causal_block, world_sizes=(2, 3, 4), timeout=60.0):
@@ -260,14 +289,23 @@ def check_ring_attention(merge, causal_block, world_sizes=(2, 3, 4), timeout=60.
     lines = check_merge(merge) + check_causal_block(causal_block, sorted({2, 3, 4, *world_sizes}))
     cases = [(True, "contiguous"), (True, "zigzag"), (False, "contiguous")]
     for n in world_sizes:
-        ranks = launch_answer(_ring, (merge, causal_block, cases), n, timeout, "the ring", RING_HINTS["deadlock"])
-        for rank, r in enumerate(ranks):  # the answer's own calls, on every thread of every rank
+        seed = new_seeds(1)[0]  # new q, k, v at every check, one set a case
+        data = [_case(seed, c, n) for c in range(len(cases))]
+        shards = [[[shard(t, rank, n, layout) for t in whole] for whole, (_, layout) in zip(data, cases)]
+                  for rank in range(n)]  # rank r's tokens of each case: in its rank_args, to it alone
+        ranks = launch_answer(_ring, (merge, causal_block, cases), n, timeout, "the ring", RING_HINTS["deadlock"],
+                              rank_args=[(mine,) for mine in shards])
+        for rank, r in enumerate(report_each(ranks, RING_REPORT, n)):  # the answer's own calls, on every rank
+            if not all(isinstance(t, str) for t in r["tampered"]):
+                refuse(f"tampered {r['tampered']!r:.200}, where the checker's rank function reports what switched "
+                       "its watcher off, in words", f"rank {rank}", n)
             refuse_tampering(r["tampered"], f"rank {rank}: merge or causal_block", n)
             if r["seen"]:
                 fail(RING_HINTS, "used_library", f"rank {rank}: your merge or causal_block called {r['seen']}.", n)
         raise_if_error(first_error(ranks), n, RING_HINTS)
+        _results(ranks, cases, shards, n)
         for c, (causal, layout) in enumerate(cases):
-            q, k, v, dout = (t.clone().requires_grad_(i < 3) for i, t in enumerate(_case(7, n)))
+            q, k, v, dout = (t.clone().requires_grad_(i < 3) for i, t in enumerate(data[c]))
             want = _full_attention(q, k, v, causal)
             want.backward(dout)
             got = [unshard([r["results"][c][t] for r in ranks], layout) for t in range(4)]

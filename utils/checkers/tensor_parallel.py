@@ -21,16 +21,21 @@ It checks the *technique*, not only the numbers, because a wrong technique reach
   the logit gradient are compared with ``F.cross_entropy`` on the whole vocabulary, with the
   tokens weighted in backward (so a backward that ignores its ``grad`` argument shows);
 - **the caller's tensor** is left as it was.
+
+The logits are random, new at every check, and each rank gets its own block only (``rank_secrets``: in its
+``rank_args``, never in what every rank gets): no rank holds what the loss of a token needs, so an answer that
+replaces this module's rank function cannot compute the right numbers on one rank. The checker makes the whole
+logits itself and computes every reference from them; the ranks report only what they observed.
 """
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..launch import rank_device
 from ..comm.ledger import CommLedger
 from .boundaries import FAR_APART
 from .common import GRAD_TOL, CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error
+from .rank_secrets import fields, generator, new_seeds, refuse, reports, tensors_like
 
 TP_HINTS = {
     "gathered_logits": "you moved the logits themselves (tokens x v values per rank) to compute the loss: the "
@@ -91,9 +96,10 @@ TOKENS, WIDTH = 12, 8  # tokens per check; words per rank: the vocabulary is WID
 CASES = ("tame", "spread", "large", "apart")
 
 
-def make_case(case, world_size, tokens=TOKENS, width=WIDTH):
-    """The whole (tokens, v) logits, the targets (every rank holds some) and the per-token weights of backward."""
-    gen = torch.Generator().manual_seed(7)
+def make_case(case, world_size, seed, tokens=TOKENS, width=WIDTH):
+    """The whole (tokens, v) logits, the targets (every rank holds some) and the per-token weights of backward, from
+    the checker's ``seed`` (``rank_secrets.new_seeds``)."""
+    gen = generator(seed, CASES.index(case))
     vocab = width * world_size
     logits = torch.randn(tokens, vocab, generator=gen).clamp(-3, 3)
     owner = torch.arange(vocab) // width  # the rank that holds each word
@@ -112,26 +118,57 @@ def make_case(case, world_size, tokens=TOKENS, width=WIDTH):
     return logits, target, weights
 
 
-def _cross_entropy_on_rank(cls):
-    """Runs on every rank: the learner's loss of this rank's block of each case, its gradient, the collectives."""
-    rank, n, device = dist.get_rank(), dist.get_world_size(), rank_device()  # CUDA under NCCL
-    out = {"error": None}
+# What _cross_entropy_on_rank reports of a case: observations, no reference. Its loss is None only with an error.
+REPORT = dict(loss=(torch.Tensor, type(None)), grad=(torch.Tensor, type(None)), changed=bool, forward=list,
+              backward=list, error=(tuple, type(None)))
+
+
+def _cross_entropy_on_rank(cls, public, blocks):
+    """Runs on every rank: the learner's loss of this rank's block of each case, its gradient, the collectives.
+
+    ``public``: {case: (target, weights)}, the same on every rank; ``blocks``: {case: this rank's (tokens, WIDTH)
+    logits}, its own (``rank_args``). Reports what it saw (``REPORT``), a list of one dict a case, up to the first
+    error; the expected values are the checker's to compute."""
+    device, out = rank_device(), []  # CUDA under NCCL
     for case in CASES:
-        logits, target, weights = (t.to(device) for t in make_case(case, n))
-        block = logits[:, rank * WIDTH:(rank + 1) * WIDTH].clone().requires_grad_()
+        target, weights = (t.to(device) for t in public[case])
+        given = blocks[case].to(device)
+        block = given.clone().requires_grad_()
+        seen = dict(loss=None, grad=None, changed=False, forward=[], backward=[], error=None)
+        out.append(seen)
         try:
             with CommLedger() as forward:
                 loss = cls.apply(block, target)
-            changed = not torch.equal(block.detach(), logits[:, rank * WIDTH:(rank + 1) * WIDTH])
-            shape = tuple(loss.shape)
+            changed = not torch.equal(block.detach(), given)
+            per_token = tuple(loss.shape) == (TOKENS,)
             with CommLedger() as backward:
-                (loss if shape == (TOKENS,) else loss.sum()).backward(weights if shape == (TOKENS,) else None)
+                (loss if per_token else loss.sum()).backward(weights if per_token else None)
         except Exception as exc:  # noqa: BLE001 - reported to the learner in the kernel
-            out["error"] = caught(exc, f"VocabParallelCrossEntropy ({case} logits)")
+            seen["error"] = caught(exc, f"VocabParallelCrossEntropy ({case} logits)")
             return out
-        out[case] = {"loss": loss.detach().clone(), "grad": block.grad, "changed": changed, "shape": shape,
-                     "forward": [(r.op, r.payload_bytes) for r in forward.records],
-                     "backward": [(r.op, r.payload_bytes) for r in backward.records]}
+        seen.update(loss=loss.detach().clone(), grad=block.grad, changed=changed,
+                    forward=[(r.op, r.payload_bytes) for r in forward.records],
+                    backward=[(r.op, r.payload_bytes) for r in backward.records])
+    return out
+
+
+def _observed(per_rank, blocks, n):
+    """The ranks' reports (``rank_secrets.reports``, none with an error), checked where the checker reads them:
+    {case: report} for each rank, each with a loss tensor, a gradient like the rank's block (``blocks``: what each rank
+    was given) or None, and the calls as (op, bytes) pairs."""
+    __tracebackhide__ = True
+    out = []
+    for rank, cases in enumerate(per_rank):
+        for case, seen in zip(CASES, cases):
+            what = f"rank {rank}, {case} logits"
+            fields(seen, dict(REPORT, loss=torch.Tensor), what, n)
+            if seen["grad"] is not None:  # autograd gives it the block's shape and dtype
+                tensors_like({"grad": seen["grad"]}, {"grad": blocks[rank][case]}, what, n)
+            calls = seen["forward"] + seen["backward"]
+            if not all(isinstance(c, tuple) and len(c) == 2 and isinstance(c[0], str) and isinstance(c[1], int)
+                       for c in calls):
+                refuse(f"calls {calls!r:.200}, where the checker's rank function reports (op, bytes)", what, n)
+        out.append(dict(zip(CASES, cases)))
     return out
 
 
@@ -178,9 +215,11 @@ def _edge_masked(logits, target, n):
     return out
 
 
-def _judge_values(case, rank, r, n):
+def _judge_values(case, made, rank, r, n):
+    """Rank ``rank``'s loss and gradient of ``case`` against the references the checker computes from ``made``, its
+    own (logits, target, weights)."""
     __tracebackhide__ = True
-    logits, target, weights = make_case(case, n)
+    logits, target, weights = made
     want = F.cross_entropy(logits, target, reduction="none")
     softmax = torch.softmax(logits, -1)[:, rank * WIDTH:(rank + 1) * WIDTH]
     one_hot = F.one_hot(target, n * WIDTH).float()[:, rank * WIDTH:(rank + 1) * WIDTH]
@@ -219,20 +258,26 @@ def check_vocab_parallel_cross_entropy(cls, world_sizes=(2, 4), timeout=30.0):
     __tracebackhide__ = True
     lines = []
     for n in world_sizes:
-        ranks = launch_answer(_cross_entropy_on_rank, (cls,), n, timeout, "VocabParallelCrossEntropy",
-                              TP_HINTS["deadlock"])
-        raise_if_error(first_error(ranks), n, TP_HINTS, ERROR_PHRASES)
+        made = {case: make_case(case, n, new_seeds(1)[0]) for case in CASES}  # new logits at every check
+        public = {case: (target, weights) for case, (_, target, weights) in made.items()}
+        blocks = [{case: logits[:, rank * WIDTH:(rank + 1) * WIDTH] for case, (logits, _, _) in made.items()}
+                  for rank in range(n)]  # rank r's block of each case: in its rank_args, to it alone (as a copy: run_ranks)
+        per_rank = launch_answer(_cross_entropy_on_rank, (cls, public), n, timeout, "VocabParallelCrossEntropy",
+                                 TP_HINTS["deadlock"], rank_args=[(mine,) for mine in blocks])
+        per_rank = reports(per_rank, REPORT, len(CASES), n)  # its shape (rank_secrets), before reading anything
+        raise_if_error(first_error([cases[-1] for cases in per_rank]), n, TP_HINTS, ERROR_PHRASES)
+        ranks = _observed(per_rank, blocks, n)
         worst = 0.0
         for rank, r in enumerate(ranks):
             for case in CASES:
-                if r[case]["shape"] != (TOKENS,):
-                    fail(TP_HINTS, "not_per_token", f"rank {rank} returned a loss of shape {r[case]['shape']}; "
-                                                    f"expected ({TOKENS},).", n)
+                if tuple(r[case]["loss"].shape) != (TOKENS,):
+                    fail(TP_HINTS, "not_per_token", f"rank {rank} returned a loss of shape "
+                                                    f"{tuple(r[case]['loss'].shape)}; expected ({TOKENS},).", n)
                 _judge_collectives(r[case], n)
                 if r[case]["changed"]:
                     fail(TP_HINTS, "in_place", f"rank {rank}: the logits block it was given changed.", n)
             for case in CASES:
-                worst = max(worst, _judge_values(case, rank, r[case], n))
+                worst = max(worst, _judge_values(case, made[case], rank, r[case], n))
         calls = ranks[0]["tame"]["forward"]
         lines.append(f"world_size={n}, v={n * WIDTH}, {TOKENS} tokens: losses and logit gradients equal to "
                      f"F.cross_entropy's on the whole vocabulary (max |diff| {worst:.1e}), also with the ranks' "
