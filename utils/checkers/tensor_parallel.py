@@ -260,8 +260,9 @@ def check_vocab_parallel_cross_entropy(cls, world_sizes=(2, 4), timeout=30.0):
     for n in world_sizes:
         made = {case: make_case(case, n, new_seeds(1)[0]) for case in CASES}  # new logits at every check
         public = {case: (target, weights) for case, (_, target, weights) in made.items()}
+        # rank r's block of each case: in its rank_args, to it alone (run_ranks sends a view as a copy of its own)
         blocks = [{case: logits[:, rank * WIDTH:(rank + 1) * WIDTH] for case, (logits, _, _) in made.items()}
-                  for rank in range(n)]  # rank r's block of each case: in its rank_args, to it alone (as a copy: run_ranks)
+                  for rank in range(n)]
         per_rank = launch_answer(_cross_entropy_on_rank, (cls, public), n, timeout, "VocabParallelCrossEntropy",
                                  TP_HINTS["deadlock"], rank_args=[(mine,) for mine in blocks])
         per_rank = reports(per_rank, REPORT, len(CASES), n)  # its shape (rank_secrets), before reading anything
