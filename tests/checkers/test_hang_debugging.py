@@ -9,6 +9,7 @@ each shows and grades its own three programs.
 """
 
 import json
+import re
 import sys
 
 import nbformat
@@ -21,8 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from lab_grading import expect_raised, expect_rejection
 from utils.course.notebook_runner import ROOT
 from utils import rank_device
-from utils.checkers.hang_debugging import (BUG_KINDS, LABS, PLANTED, PROGRAMS, check_diagnosis, check_fix, make_data,
-                                           planted_digest, references)
+from utils.checkers.hang_debugging import BUG_KINDS, LABS, PROGRAMS, check_diagnosis, check_fix, make_data, references
 from utils.workshop import grade as grader
 from utils.workshop.sandbox import available
 from utils.workshop.submissions import notebook_with
@@ -158,18 +158,26 @@ def test_two_programs_share_a_kind_and_one_kind_is_a_decoy():
     assert len(set(reference.DIAGNOSES.values())) == len(BUG_KINDS) - 1 == len(PROGRAMS) - 1
 
 
-def test_the_checker_holds_the_diagnoses_as_digests_only():
-    """The checker ships to learners: it knows the planted kinds by digest, which match the reference's, and its
-    source names no program's kind in words."""
-    assert PLANTED == {p: planted_digest(p, kind) for p, kind in reference.DIAGNOSES.items()}
+def test_the_diagnoses_are_judged_on_the_teachers_side_only(monkeypatch, tmp_path):
+    """Where the course holds the teacher's answers (labs/solutions/), the planted kind passes and every other is
+    wrong_diagnosis. The student release holds no form of them (a digest of six kinds a program is undone by six
+    hashes): there check_diagnosis and check_fix's line say the same for every kind, so the checker is no oracle, and
+    the checker's source names no program's kind."""
+    import utils.checkers.hang_debugging as hang
+
     for program in PROGRAMS:
         right = reference.DIAGNOSES[program]
-        check_diagnosis(program, right)
+        assert "is the bug planted" in check_diagnosis(program, right)
         for kind in set(BUG_KINDS) - {right}:
             expect_rejection(check_diagnosis, program, kind, mistake="wrong_diagnosis")
+    monkeypatch.setattr(hang, "SOLUTION", tmp_path / "hang_debugging.py")  # as released: no labs/solutions/
+    for program in PROGRAMS:
+        said = {check_diagnosis(program, kind).replace(repr(kind), "KIND") for kind in BUG_KINDS}
+        assert len(said) == 1 and "not judged here" in said.pop(), said
     source = (ROOT / "utils" / "checkers" / "hang_debugging.py").read_text()
     for program, kind in reference.DIAGNOSES.items():
         assert f'"{program}": "{kind}"' not in source and f"'{program}': '{kind}'" not in source
+    assert not re.search(r"\b[0-9a-f]{16,}\b", source), "a digest in the shipped checker"
 
 
 def lab_code(lab):

@@ -7,7 +7,10 @@ every lab (``utils.checkers.common``). Every program takes the *whole* data set,
 script loads its data set), and picks its own part by rank. The data set is random, from a seed the checker draws
 and keeps (``rank_secrets``). The checker grades a learner's answer to one program on two counts:
 
-- **the diagnosis**: one of ``BUG_KINDS``, compared with the bug planted in that program;
+- **the diagnosis**: one of ``BUG_KINDS``, compared with the bug planted in that program, which only the teacher's
+  side holds (``DIAGNOSES`` in ``labs/solutions/hang_debugging.py``: the course's checkout and ``make grade``'s
+  judge). The student release holds no form of it, not even a digest (six kinds a program: six hashes would
+  undo one), so there the diagnosis is left to the teacher's grading and only the fix is judged;
 - **the fix**: run on ranks with a timeout (a fix that still hangs is stopped and reported), then
   (1) every rank must still *communicate*: a ``CommLedger`` sees the ``torch.distributed`` calls that move
   data (a barrier moves none); torch's DDP talks from C++, so for the DDP programs the checker counts forward
@@ -22,7 +25,6 @@ function reports what it saw (``REPORT``); the references are computed here, nev
 code that replaces the rank function, reaches the right result only by moving data between the ranks.
 """
 
-import hashlib
 
 import torch
 import torch.distributed as dist
@@ -30,8 +32,10 @@ import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
 from ..comm.ledger import CommLedger
+from ..launch.scripts import ROOT
 from .common import CheckResult, LabCheckFailed, caught, close, fail, first_error, launch_answer, raise_if_error
 from .rank_secrets import generator, new_seeds, report_each
+from .teacher_side import teacher_module
 
 BUG_KINDS = {
     "order": "the ranks call the same collectives in different orders",
@@ -44,11 +48,8 @@ BUG_KINDS = {
 # Two programs share a kind and one kind is planted in none: naming the kinds by elimination does not work. Each lab
 # offers all six kinds for its three programs, so there too three kinds fit none of them.
 PROGRAMS = ("A", "B", "C", "D", "E", "F")
-# The kind planted in each program, kept as a digest (``planted_digest``), not in words: the checker ships to learners,
-# and reading it must not give the diagnosis away (reading the report must). The plain words are in the
-# teachers' reference answers; tests/test_hang_lab.py checks that these digests are theirs.
-PLANTED = {"A": "4073f20082575466", "B": "fea8020df85f3aff", "C": "df8cf1c5659c202e", "D": "a020a9bef89f7f20",
-           "E": "a2f45263e6cca617", "F": "3d93e9461c7c809b"}
+# The teacher's answers (the kind planted in each program), where the course holds them: never in what ships
+SOLUTION = ROOT / "labs" / "solutions" / "hang_debugging.py"
 LABS = {"11a": ("A", "B", "C"), "11b": ("D", "E", "F")}  # which lab shows (and grades) which programs
 SYNC_ONLY = ("barrier", "monitored_barrier")  # calls that move no data: not evidence that the ranks communicate
 DDP_PROGRAMS = ("E", "F")  # their communication happens inside torch's DDP, in C++
@@ -245,13 +246,17 @@ def _on_rank(fn, ddp, data):
 
 # ------------------------------------------------------------------ in the kernel
 
-def planted_digest(program, kind):
-    """The digest ``PLANTED`` holds when ``kind`` is the bug planted in ``program``: 16 hex digits of a SHA-256."""
-    return hashlib.sha256(f"hang-lab:{program}:{kind}".encode()).hexdigest()[:16]
+def planted(program):
+    """The kind planted in ``program``, from the teacher's answers; None where the course does not hold them (the
+    student release, the grader's sandbox)."""
+    answers = teacher_module(SOLUTION)
+    return None if answers is None else answers.DIAGNOSES[program]
 
 
 def check_diagnosis(program, diagnosis):
-    """Is ``diagnosis`` (one of ``BUG_KINDS``) the bug planted in ``program``? Raises ``LabCheckFailed`` if not."""
+    """Is ``diagnosis`` (one of ``BUG_KINDS``) the bug planted in ``program``? Raises ``LabCheckFailed`` if not.
+    Returns a line to print: "right", or, where the teacher's answers are not (the student release), that it was
+    not judged here; it never tells one kind from another there (no oracle)."""
     __tracebackhide__ = True
     if program not in PROGRAMS:
         raise ValueError(f"no program {program!r}: the lab's programs are {sorted(PROGRAMS)}.")
@@ -260,9 +265,14 @@ def check_diagnosis(program, diagnosis):
                                   "(read its report above first), then run this cell again.")
     if diagnosis not in BUG_KINDS:
         fail(HINTS, "not_a_kind", f"program {program}: {diagnosis!r} is not one of the bug kinds.")
-    if planted_digest(program, diagnosis) != PLANTED[program]:
+    kind = planted(program)
+    if kind is None:
+        return (f"program {program}: diagnosis {diagnosis!r} not judged here: this copy of the course holds no answer; "
+                "your teacher's grading judges it")
+    if diagnosis != kind:
         raise LabCheckFailed("wrong_diagnosis", f"program {program}: not {diagnosis!r} ({BUG_KINDS[diagnosis]}).",
                              CLUES[program])
+    return f"program {program}: diagnosis {diagnosis!r} is the bug planted"
 
 
 def check_fix(program, diagnosis, fixed, world_sizes=(2, 3), timeout=30.0):
@@ -270,8 +280,10 @@ def check_fix(program, diagnosis, fixed, world_sizes=(2, 3), timeout=30.0):
     world size: it must finish within ``timeout`` seconds, communicate on every rank, and return on every rank
     what one process computes from the whole data set. Returns a ``CheckResult``; raises ``LabCheckFailed``."""
     __tracebackhide__ = True
+    judged = planted(program) is not None
     check_diagnosis(program, diagnosis)
-    lines = [f"diagnosis {diagnosis!r}: {BUG_KINDS[diagnosis]}"]
+    lines = [f"diagnosis {diagnosis!r}: {BUG_KINDS[diagnosis]}" + ("" if judged else " (not judged here: this copy "
+             "of the course holds no answer; your teacher's grading judges it)")]
     for n in world_sizes:
         if n < 2:
             raise ValueError(f"world size {n}: these bugs need at least 2 ranks; use 2 to 6.")
