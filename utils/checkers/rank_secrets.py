@@ -7,7 +7,8 @@ through ``run_ranks``'s ``rank_args``: each rank's on a pipe of its own, never i
 rank that holds one is undumpable, so a peer cannot read it from its memory). The rank makes its inputs from its seed
 (``generator``); the checker, which holds every seed, makes the same inputs and computes the expected result in its own
 process, where no learner code runs (in the workshop's grader that is the judge, outside the sandbox). A rank's
-report is then checked for its shape (``reports``), its ``expected`` and ``original`` replaced by the checker's own.
+report is then checked for its shape (``reports``; ``shaped`` for a report of another form), its ``expected`` and
+``original`` replaced by the checker's own.
 
 What this buys: no answer reaches the right values without moving data between its ranks, so a stub that patches
 the checker fails, whatever its ranks report about the values. What it does not: how the ranks moved the data (their
@@ -22,7 +23,7 @@ import torch
 
 from .common import LabCheckFailed
 
-__all__ = ["HINTS", "new_seeds", "rank_args", "generator", "reports"]
+__all__ = ["HINTS", "new_seeds", "rank_args", "generator", "reports", "mismatch", "refuse", "shaped"]
 
 HINTS = {
     "not_a_report": "the ranks sent back something the checker's own rank function never returns (other cases, "
@@ -78,3 +79,48 @@ def reports(per_rank, fields, cases, world_size, label="the ranks"):
         if len(report) < cases and not report[-1].get("error"):
             refuse(f"rank {k} stopped after {len(report)} of {cases} cases without an error")
     return per_rank
+
+
+def mismatch(value, spec, where="the report"):
+    """Where ``value`` is not what ``spec`` describes, in words, or None where it is: the shape check of a report that
+    is not a list of cases (``reports``), at any depth. ``spec``: None (anything); a type (``isinstance``); a tuple (any
+    one of its specs: a tuple of types is ``isinstance``'s); a dict {field: spec} (a dict of exactly these fields); a
+    list [spec] (a list of any length, each item to ``spec``); a list of two or more [spec, spec, ...] (a tuple of as
+    many items, each to its own spec)."""
+    if spec is None:
+        return None
+    if isinstance(spec, tuple):
+        misses = [mismatch(value, one, where) for one in spec]
+        return None if None in misses else misses[-1]
+    if isinstance(spec, dict):
+        if not isinstance(value, dict):
+            return f"{where} is a {type(value).__name__}, not a dict of fields {sorted(spec)}"
+        if set(value) != set(spec):
+            return f"{where}: fields {sorted(map(str, value))}, expected {sorted(spec)}"
+        return next((m for name, one in spec.items() if (m := mismatch(value[name], one, f"{where}[{name!r}]"))), None)
+    if isinstance(spec, list):
+        if len(spec) == 1:  # a list, each item to the one spec
+            if not isinstance(value, list):
+                return f"{where} is a {type(value).__name__}, not a list"
+            spec = spec * len(value)
+        elif not isinstance(value, tuple) or len(value) != len(spec):  # a tuple, item k to spec k
+            length = f" of {len(value)}" if isinstance(value, (list, tuple)) else ""
+            return f"{where} is a {type(value).__name__}{length}, not a tuple of {len(spec)}"
+        return next((m for k, (item, one) in enumerate(zip(value, spec))
+                     if (m := mismatch(item, one, f"{where}[{k}]"))), None)
+    return None if isinstance(value, spec) else f"{where} is a {type(value).__name__}, not a {spec.__name__}"
+
+
+def refuse(what, world_size):
+    """Raise ``LabCheckFailed("not_a_report")``: ``what`` the ranks sent back that the checker's rank function never
+    returns."""
+    __tracebackhide__ = True
+    raise LabCheckFailed("not_a_report", what, HINTS["not_a_report"], world_size)
+
+
+def shaped(value, spec, world_size, where="the ranks' report"):
+    """``value``, where it is what ``spec`` describes (``mismatch``); ``LabCheckFailed("not_a_report")`` otherwise."""
+    __tracebackhide__ = True
+    if (what := mismatch(value, spec, where)) is not None:
+        refuse(what, world_size)
+    return value
