@@ -161,10 +161,10 @@ def _zero2_on_rank(cls, x, y, cases, steps, seed):
     try:
         for case in cases:
             model = toy_model(seed).to(device)  # this rank's own model, until rank 0's arrives
-            for tensor in [*model.parameters(), *model.buffers()]:  # the frozen one and the buffer too
+            for tensor in model.state_dict().values():  # detached; the frozen one and the buffer too
                 # rank 0's model on every rank (lab 02's broadcast, not this lab's), outside any ledger; and every
                 # rank starts each case together
-                dist.broadcast(tensor.detach(), 0)
+                dist.broadcast(tensor, 0)
             out["cases"].append(_one_case(cls, model, x, y, share, case, steps))
     except Exception as exc:  # noqa: BLE001 - reported in the notebook, with every rank's view
         out["error"] = caught(exc, cls.__name__)
