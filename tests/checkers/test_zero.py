@@ -588,3 +588,19 @@ def test_a_report_of_another_shape_is_not_a_report(change, phrase):
     with pytest.raises(LabCheckFailed) as err:
         observed(per_rank, 1, 1, sizes, 2)
     assert err.value.mistake == "not_a_report" and phrase in str(err.value), str(err.value)
+
+
+def test_check_eps_keeps_a_sum_order_inside_weight_tol():
+    """Adam's first step moves a number by lr * g / (|g| + eps): a gradient number below torch's eps 1e-8, summed in
+    another order, moves outside WEIGHT_TOL; at the checker's CHECK_EPS it stays inside (utils/checkers/zero.py)."""
+    from utils.checkers.common import WEIGHT_TOL, close
+    from utils.checkers.zero import CHECK_EPS, CHECK_LR
+
+    for eps, inside in ((1e-8, False), (CHECK_EPS, True)):
+        moved = []
+        for g in (-7.37e-10, -6.21e-10):  # one sum rounded two ways: 6 ranks' gradients summed in reverse (measured)
+            p = torch.zeros(1, requires_grad=True)
+            p.grad = torch.tensor([g])
+            torch.optim.Adam([p], lr=CHECK_LR, eps=eps).step()
+            moved.append(p.detach())
+        assert close(*moved, WEIGHT_TOL) == inside, (eps, moved)

@@ -31,9 +31,9 @@ learner has issued so far and how many bytes of full gradients (``p.grad``) are 
   its own share of each batch, both made from the seeds, and the checker computes DDP itself, outside
   the ranks (``zero_reference``), so an answer that replaces the rank function below still has to move
   data between its ranks to report DDP's values. The rank function reports what it saw, never a reference;
-- **arguments**: two bucket sizes, an ``lr`` that is not the default, and a case with AdamW and two
-  parameter groups of their own options (``zero_optim``), so a hard-coded bucket size, ``lr``,
-  optimizer class or an ignored group fails, with the mistake named.
+- **arguments**: two bucket sizes, an ``lr`` that is not the default (and an ``eps``, ``CHECK_EPS``), and a
+  case with AdamW and two parameter groups of their own options (``zero_optim``), so a hard-coded bucket
+  size, ``lr``, optimizer class or an ignored group fails, with the mistake named.
 """
 
 import dataclasses
@@ -53,6 +53,12 @@ from .zero_optim import OPTIM_HINTS, judge_first_step, model_params, optimizer_s
 from .zero_reference import ddp_reference, flat, observed, shard, toy_model
 
 CHECK_LR = 3e-3  # not torch.optim.Adam's default (1e-3) nor the lab's LR: an lr that is ignored shows
+# Adam's first step moves a number by lr * g / (|g| + eps) (torch/optim/adam.py: step_size = lr / bias_correction1,
+# denom = sqrt(exp_avg_sq) / bias_correction2_sqrt + eps), so a gradient number below eps, summed in another order
+# (the reduce-scatter's, the checker's DDP), moves by up to lr * (its rounding) / eps. Each check draws new data
+# (rank_secrets), and such a number turns up by chance: in a simulation of 1,500 checks on 3, 4 and 6 ranks with the
+# ranks' sums reversed, torch's eps 1e-8 put 4 right answers outside WEIGHT_TOL (max diff 2.7e-5), 1e-6 none (1.6e-6).
+CHECK_EPS = 1e-6
 REDUCE_SCATTER = ("reduce_scatter_single", "reduce_scatter_tensor", "reduce_scatter")  # one collective, 3 names
 ALL_GATHER = ("all_gather_single", "all_gather_into_tensor", "all_gather")
 PARAM_NAMES = ("embed.weight", "embed.bias", "mix1.weight", "mix1.bias", "mix2.bias", "head.weight", "head.bias")
@@ -109,8 +115,8 @@ class ZeroCheckResult(CheckResult):
 
 def _cases(bucket_numels, lr):
     """(key, bucket_numel, optimizer_class, defaults, grouping): Adam at each bucket size, then AdamW with 2 groups."""
-    adam = [(numel, numel, torch.optim.Adam, dict(lr=lr), "generator") for numel in bucket_numels]
-    return adam + [("AdamW, 2 groups", bucket_numels[0], torch.optim.AdamW, dict(lr=lr), "groups")]
+    adam = [(numel, numel, torch.optim.Adam, dict(lr=lr, eps=CHECK_EPS), "generator") for numel in bucket_numels]
+    return adam + [("AdamW, 2 groups", bucket_numels[0], torch.optim.AdamW, dict(lr=lr, eps=CHECK_EPS), "groups")]
 
 
 def _one_case(cls, model, x, y, share, case, steps):
