@@ -133,8 +133,7 @@ def test_nbgrader_makes_the_same_release(built, tmp_path):
 CHECKER, IDIOM = "a checker carries the answer's logic (issue 37, part 1)", "a common idiom, not the answer"
 KNOWN_LOGIC = {
     ("ddp.py", "BucketedDDP", "notebooks/08a_lightning_strategies.ipynb"): IDIOM,  # [*params, *buffers]
-    ("ddp.py", "BucketedDDP", "utils/checkers/zero.py"): IDIOM,  # flat.split([p.numel() for p in bucket])
-    ("zero.py", "BucketedZeRO2", "utils/checkers/zero.py"): IDIOM,  # torch.cat([p.grad.reshape(-1) for p in bucket])
+    ("zero.py", "BucketedZeRO2", "utils/checkers/zero_reference.py"): IDIOM,  # torch.cat([p.detach().reshape(-1) ...
     ("plan_3d.py", "divisors", "utils/pipeline/schedules.py"): IDIOM,  # a batch's divisors, named in an error
     ("plan_3d.py", "choose_plan", "utils/planner/estimate.py"): IDIOM,  # the planner's own search space (lesson 09b)
     ("ring_attention.py", "merge", "utils/context_parallel/ring.py"): CHECKER,

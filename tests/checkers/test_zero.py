@@ -441,3 +441,166 @@ def test_an_exception_in_make_buckets_is_named_with_its_line():
 def test_an_exception_in_the_class_is_named_with_its_line():
     expect_raised(check_bucketed_zero2, ShapeErrorInStep, make_buckets, world_sizes=(2,), bucket_numels=(1_000,),
                   steps=1, line="torch.zeros(3) + torch.zeros(4)  # planted")
+
+
+# ------------------------------------------------------------------ a stub that replaces the checker's rank function
+# (issue 37, part 3). Each rank gets a seed of its own (utils.checkers.rank_secrets): every rank starts from the model
+# only rank 0's seed builds and trains on a share of the batch only its seed draws, and the checker computes DDP
+# itself (utils.checkers.zero_reference). So what one rank computes alone is not DDP's values, and a report of another
+# shape is not a report.
+
+FORGER = '''import utils.checkers.zero as _z
+
+def _forged(cls, x, y, cases, steps, seed):
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from utils.checkers.zero_optim import model_params
+    from utils.checkers.zero_reference import flat, shard, toy_model
+    rank, n, out = dist.get_rank(), dist.get_world_size(), {"error": None, "cases": []}
+    share = shard(seed, len(x), steps)  # this rank's own share of each step's batch
+    for _, bucket_numel, optimizer_class, defaults, grouping in cases:
+        model = toy_model(seed)  # this rank's own model: rank 0's on rank 0 only
+        params = [p for p in model.parameters() if p.requires_grad]
+        given, groups, _ = model_params(model, grouping, defaults["lr"])
+        optimizer = optimizer_class(given, **defaults)  # the unsharded optimizer, on this rank alone
+        arrived = []
+        for i, p in enumerate(params):
+            p.register_post_accumulate_grad_hook(lambda p, i=i: arrived.append(i))
+        buckets = []  # DeepSpeed's rule on each group, as indices
+        for group in groups:
+            current, size = [], 0
+            for i in reversed(group):
+                if current and size + params[i].numel() > bucket_numel:
+                    buckets.append(current)
+                    current, size = [], 0
+                current.append(i)
+                size += params[i].numel()
+            buckets.append(current)
+        numels = [sum(params[i].numel() for i in b) for b in buckets]
+        chunks = [-(-numel // n) for numel in numels]
+        report = []
+        for step in range(steps):
+            arrived.clear()
+            optimizer.zero_grad()
+            F.cross_entropy(model(x[share[step]]), y[share[step]]).backward()  # this rank's share: no other's
+            due = [max(arrived.index(i) for i in b) for b in buckets]  # when each bucket completes
+            done = sorted(range(len(buckets)), key=due.__getitem__)
+            shards = [F.pad(flat(params[i].grad for i in b), (0, c * n - numel))[rank * c:(rank + 1) * c]
+                      for b, c, numel in zip(buckets, chunks, numels)]
+            optimizer.step()
+            # the messages a right answer sends, its hooks' timing and memory: what no value depends on
+            records = [("reduce_scatter_single", 4 * chunks[b] * n, 4.0 * chunks[b] * (n - 1)) for b in done]
+            records += [("all_gather_single", 4 * c * n, 4.0 * c * (n - 1)) for c in chunks]
+            report.append(dict(events=[(i, sum(d < k for d in due), 0) for k, i in enumerate(arrived)],
+                               after_backward=len(buckets), live_after=0, records=records, shards=shards,
+                               after=flat(params)))
+        out["cases"].append(dict(steps=report, state_bytes=8 * sum(chunks),
+                                 held_bytes=16 * sum(chunks) + 4 * len(chunks),
+                                 state_steps=[float(steps)] * len(chunks), has_optimizer=True))
+    return REPORT
+
+'''
+FORGED_RANKS = {  # the rank function's report -> the verdict (a value mistake) or the mistake (not a report)
+    "one_ranks_own_training": ("out", "wrong_grads"),
+    "no_report": ("[]", "not_a_report"),
+    "other_fields": ('dict(out, passed=True)', "not_a_report"),
+}
+
+
+def _forger_notebook(report):
+    """Lab 03 with a right make_buckets and the notebook's own stub of BucketedZeRO2, whose class body replaces the
+    checker's rank function (in every rank, where the notebook's definitions run) with ``_forged``, returning
+    ``report``."""
+    import inspect
+
+    from utils.workshop.submissions import notebook_with
+
+    stub = next(c.source for c in notebook_with("03_zero_lab").cells if c.source.startswith("class BucketedZeRO2"))
+    assert "raise NotImplementedError" in stub
+    patched = stub.replace("class BucketedZeRO2:\n", "class BucketedZeRO2:\n    _z._zero2_on_rank.__code__ = "
+                           "_forged.__code__  # the checker's own rank function replaced\n", 1)
+    assert patched != stub
+    return notebook_with("03_zero_lab", {"make_buckets": inspect.getsource(make_buckets),
+                                         "BucketedZeRO2": FORGER.replace("REPORT", report) + patched})
+
+
+def _forged_verdict(tmp_path, report):
+    """The grader's verdict on the forger, its code in the sandbox as every answer's (tests/test_workshop_judge.py)."""
+    import nbformat
+
+    from utils.workshop import grade as grader
+
+    path = tmp_path / "forger" / "03_zero_lab.ipynb"
+    path.parent.mkdir()
+    nbformat.write(_forger_notebook(report), str(path))
+    return grader.run_answer(grader.Answer("forger", "03_zero_lab", path, "x"), 1, world_size=2, smoke=True,
+                             timeout=240, sandbox=True)
+
+
+def _sandbox_missing():
+    from utils.workshop.sandbox import available
+    return available()
+
+
+@pytest.mark.skipif(_sandbox_missing() is not None, reason="the ranks in the grader's sandbox")
+@pytest.mark.parametrize("kind", sorted(FORGED_RANKS))
+def test_a_stub_that_replaces_the_checkers_rank_function_does_not_pass(tmp_path, kind):
+    report, wanted = FORGED_RANKS[kind]
+    verdict = _forged_verdict(tmp_path, report)
+    assert verdict.verdict == "mistake" and verdict.mistake == wanted, (verdict.verdict, verdict.mistake,
+                                                                         verdict.message[:2000])
+
+
+def _a_report(n=2, steps=1):
+    """What _zero2_on_rank returns on ``n`` ranks for one case of ``steps`` steps, in shape (the values made up)."""
+    from utils.checkers.zero_reference import toy_model
+
+    sizes = [p.numel() for p in toy_model(0).parameters() if p.requires_grad]
+    step = dict(events=[(i, 0, 0) for i in reversed(range(len(sizes)))], after_backward=1, live_after=0,
+                records=[("reduce_scatter_single", 8, 4.0)], shards=[torch.zeros(2), None],
+                after=torch.zeros(sum(sizes)))
+    case = dict(steps=[dict(step) for _ in range(steps)], state_bytes=0, held_bytes=0, state_steps=[1.0],
+                has_optimizer=True)
+    return [{"error": None, "cases": [case]} for _ in range(n)], sizes
+
+
+@pytest.mark.parametrize("change, phrase", [
+    (lambda r: r.pop(), "1 reports from 2 ranks"),
+    (lambda r: r[1].update(cases=[]), "rank 1 ran 0 of 1 cases without an error"),
+    (lambda r: r[0].update(error=("0", "ValueError", "x")), "['error'][0] is a str"),
+    (lambda r: r[0]["cases"][0]["steps"][0].update(events=[(0, 0)]), "['events'][0] is a tuple of 2, not a tuple of 3"),
+    (lambda r: r[0]["cases"][0]["steps"][0].update(events=[(0, 0, 0)] * 7), "gradients of tensors [0, 0, 0"),
+    (lambda r: r[0]["cases"][0]["steps"][0].update(shards=[[0.0]]), "['shards'][0] is a list, not a NoneType"),
+    (lambda r: r[1]["cases"][0]["steps"][0].update(after=torch.zeros(3)), "parameters of shape (3,)"),
+    (lambda r: r[1]["cases"][0]["steps"][0].update(after=torch.zeros(9_034, dtype=torch.int64)), "torch.int64"),
+    (lambda r: r[1]["cases"][0]["steps"].append(r[1]["cases"][0]["steps"][0]), "2 steps, not 1"),
+    (lambda r: r[0]["cases"][0].update(passed=True), "fields ['has_optimizer', 'held_bytes', 'passed',"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_a_report_of_another_shape_is_not_a_report(change, phrase):
+    """What the checker indexes is refused before it does (rank_secrets.shaped, zero_reference.observed)."""
+    from utils.checkers.common import LabCheckFailed
+    from utils.checkers.zero_reference import observed
+
+    per_rank, sizes = _a_report()
+    assert observed(per_rank, 1, 1, sizes, 2) is per_rank  # in shape, as made
+    change(per_rank)
+    with pytest.raises(LabCheckFailed) as err:
+        observed(per_rank, 1, 1, sizes, 2)
+    assert err.value.mistake == "not_a_report" and phrase in str(err.value), str(err.value)
+
+
+def test_check_eps_keeps_a_sum_order_inside_weight_tol():
+    """Adam's first step moves a number by lr * g / (|g| + eps): a gradient number below torch's eps 1e-8, summed in
+    another order, moves outside WEIGHT_TOL; at the checker's CHECK_EPS it stays inside (utils/checkers/zero.py)."""
+    from utils.checkers.common import WEIGHT_TOL, close
+    from utils.checkers.zero import CHECK_EPS, CHECK_LR
+
+    for eps, inside in ((1e-8, False), (CHECK_EPS, True)):
+        moved = []
+        for g in (-7.37e-10, -6.21e-10):  # one sum rounded two ways: 6 ranks' gradients summed in reverse (measured)
+            p = torch.zeros(1, requires_grad=True)
+            p.grad = torch.tensor([g])
+            torch.optim.Adam([p], lr=CHECK_LR, eps=eps).step()
+            moved.append(p.detach())
+        assert close(*moved, WEIGHT_TOL) == inside, (eps, moved)

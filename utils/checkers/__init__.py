@@ -17,6 +17,8 @@
 - ``watch``: the watcher of forbidden calls (``watched_call``, ``Watcher``), on every thread, refusing an answer
   that switches it off (``tampered``); ``guard``: the key targets tripped in place while the answer runs
   (``Guard``), so that no alias, ``partial``, thread or pool task reaches them unseen.
+- ``rank_secrets``: inputs only one rank holds (a seed each, through ``run_ranks``' ``rank_args``), so that a checker
+  computes its references outside the ranks and takes a rank's report as observations, of a shape it checks.
 - ``boundaries``: the hard cases every checker tries, from one place (world sizes with a non-power-of-two above
   4, element counts, bucket caps filled exactly or missed by one, logits far apart), each with its kind.
 - ``halving_doubling``: what labs 01a and 01b share (the peer log, the cases, the pattern check, ``virtual_ranks``);
@@ -26,7 +28,8 @@
 - ``folded_all_reduce``: lab 01b, ``check_halving_doubling_all_reduce``.
 - ``ddp``: lab 02, ``check_ddp`` (a ``BucketedDDP``).
 - ``zero``: lab 03, ``check_make_buckets``, ``check_bucketed_zero2``; its pieces ``zero_buckets`` (the bucket rule),
-  ``zero_optim`` (the inner optimizer and its groups) and ``zero_memory`` (every live tensor an answer keeps).
+  ``zero_optim`` (the inner optimizer and its groups), ``zero_memory`` (every live tensor an answer keeps) and
+  ``zero_reference`` (each rank's own model seed and batches, and plain DDP on them, computed outside the ranks).
 - ``tensor_parallel``: lab 05, ``check_vocab_parallel_cross_entropy``.
 - ``pipeline_schedule``: lab 06, ``check_interleaved``.
 - ``plan_3d``: lab 09, ``check_choose_plan``, ``check_plan_run``.

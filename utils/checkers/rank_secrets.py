@@ -8,7 +8,7 @@ holds one is undumpable, so a peer cannot read it from its memory). The rank mak
 (``generator``), or gets its own share of small data itself in its ``rank_args`` (labs 05 and 14); the checker, which
 holds every seed (every share), makes the same inputs and computes the expected result outside the ranks (in the
 workshop's grader, in the judge, where no learner code runs; in a notebook, in the kernel). A rank's report is then
-checked for its shape (``reports``), and the checker adds its own ``expected`` to it. No rank holds the expected result
+checked for its shape (``reports``; ``shaped`` for a report of another form), and the checker adds its own ``expected`` to it. No rank holds the expected result
 either, not even for a moment: an answer's code can read its caller's variables (``sys._getframe(1).f_locals``).
 
 What this buys: an answer that moves no data between its ranks does not reach the right values, so a stub that patches
@@ -32,7 +32,7 @@ import torch
 from .common import LabCheckFailed
 
 __all__ = ["HINTS", "new_seeds", "rank_args", "generator", "reports", "fields", "tensors_like", "report_each",
-           "refuse"]
+           "refuse", "mismatch", "shaped"]
 
 HINTS = {
     "not_a_report": "the ranks sent back something the checker's own rank function never returns (other cases, "
@@ -142,3 +142,41 @@ def report_each(per_rank, fields, world_size, label="the ranks"):
                              world_size)
     reports([[report] for report in per_rank], fields, 1, world_size, label)
     return per_rank
+
+
+def mismatch(value, spec, where="the report"):
+    """Where ``value`` is not what ``spec`` describes, in words, or None where it is: the shape check of a report that
+    is not a list of cases (``reports``), at any depth. ``spec``: None (anything); a type (``isinstance``); a tuple (any
+    one of its specs: a tuple of types is ``isinstance``'s); a dict {field: spec} (a dict of exactly these fields); a
+    list [spec] (a list of any length, each item to ``spec``); a list of two or more [spec, spec, ...] (a tuple of as
+    many items, each to its own spec)."""
+    if spec is None:
+        return None
+    if isinstance(spec, tuple):
+        misses = [mismatch(value, one, where) for one in spec]
+        return None if None in misses else misses[-1]
+    if isinstance(spec, dict):
+        if not isinstance(value, dict):
+            return f"{where} is a {type(value).__name__}, not a dict of fields {sorted(spec)}"
+        if set(value) != set(spec):
+            return f"{where}: fields {sorted(map(str, value))}, expected {sorted(spec)}"
+        return next((m for name, one in spec.items() if (m := mismatch(value[name], one, f"{where}[{name!r}]"))), None)
+    if isinstance(spec, list):
+        if len(spec) == 1:  # a list, each item to the one spec
+            if not isinstance(value, list):
+                return f"{where} is a {type(value).__name__}, not a list"
+            spec = spec * len(value)
+        elif not isinstance(value, tuple) or len(value) != len(spec):  # a tuple, item k to spec k
+            length = f" of {len(value)}" if isinstance(value, (list, tuple)) else ""
+            return f"{where} is a {type(value).__name__}{length}, not a tuple of {len(spec)}"
+        return next((m for k, (item, one) in enumerate(zip(value, spec))
+                     if (m := mismatch(item, one, f"{where}[{k}]"))), None)
+    return None if isinstance(value, spec) else f"{where} is a {type(value).__name__}, not a {spec.__name__}"
+
+
+def shaped(value, spec, world_size, where="the ranks' report"):
+    """``value``, where it is what ``spec`` describes (``mismatch``); ``LabCheckFailed("not_a_report")`` otherwise."""
+    __tracebackhide__ = True
+    if (what := mismatch(value, spec, where)) is not None:  # ``what`` names where
+        raise LabCheckFailed("not_a_report", what, HINTS["not_a_report"], world_size)
+    return value

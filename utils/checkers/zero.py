@@ -26,10 +26,14 @@ learner has issued so far and how many bytes of full gradients (``p.grad``) are 
   n shows here, Adam would hide it), the first step moves each parameter by ``lr`` (Adam's first
   step is +-lr: an ignored ``lr`` shows), and after a few steps the parameters equal those of plain
   DDP with the *unsharded* optimizer of the same class and groups (``WEIGHT_TOL``: the sums of the
-  reduce-scatter and of DDP's all-reduce may add in another order);
-- **arguments**: two bucket sizes, an ``lr`` that is not the default, and a case with AdamW and two
-  parameter groups of their own options (``zero_optim``), so a hard-coded bucket size, ``lr``,
-  optimizer class or an ignored group fails, with the mistake named.
+  reduce-scatter and of DDP's all-reduce may add in another order). Each rank gets a seed of its own
+  (``rank_secrets``): every rank starts from rank 0's model (broadcast by the rank function) and trains on
+  its own share of each batch, both made from the seeds, and the checker computes DDP itself, outside
+  the ranks (``zero_reference``), so an answer that replaces the rank function below still has to move
+  data between its ranks to report DDP's values. The rank function reports what it saw, never a reference;
+- **arguments**: two bucket sizes, an ``lr`` that is not the default (and an ``eps``, ``CHECK_EPS``), and a
+  case with AdamW and two parameter groups of their own options (``zero_optim``), so a hard-coded bucket
+  size, ``lr``, optimizer class or an ignored group fails, with the mistake named.
 """
 
 import dataclasses
@@ -41,13 +45,20 @@ import torch.nn.functional as F
 from ..datasets import digits
 from ..launch import rank_device
 from ..comm.ledger import CommLedger
-from ..models import ToyNet
 from .common import GRAD_TOL, WEIGHT_TOL, CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error
+from .rank_secrets import new_seeds, rank_args
 from .zero_buckets import BUCKET_HINTS, bucket_indices, check_make_buckets, judge_buckets  # lab 03: check_make_buckets
 from .zero_memory import HELD_HINT, added_bytes, held_tensors, judge_memory
 from .zero_optim import OPTIM_HINTS, judge_first_step, model_params, optimizer_state
+from .zero_reference import ddp_reference, flat, observed, shard, toy_model
 
 CHECK_LR = 3e-3  # not torch.optim.Adam's default (1e-3) nor the lab's LR: an lr that is ignored shows
+# Adam's first step moves a number by lr * g / (|g| + eps) (torch/optim/adam.py: step_size = lr / bias_correction1,
+# denom = sqrt(exp_avg_sq) / bias_correction2_sqrt + eps), so a gradient number below eps, summed in another order
+# (the reduce-scatter's, the checker's DDP), moves by up to lr * (its rounding) / eps. Each check draws new data
+# (rank_secrets), and such a number turns up by chance: in a simulation of 1,500 checks on 3, 4 and 6 ranks with the
+# ranks' sums reversed, torch's eps 1e-8 put 4 right answers outside WEIGHT_TOL (max diff 2.7e-5), 1e-6 none (1.6e-6).
+CHECK_EPS = 1e-6
 REDUCE_SCATTER = ("reduce_scatter_single", "reduce_scatter_tensor", "reduce_scatter")  # one collective, 3 names
 ALL_GATHER = ("all_gather_single", "all_gather_into_tensor", "all_gather")
 PARAM_NAMES = ("embed.weight", "embed.bias", "mix1.weight", "mix1.bias", "mix2.bias", "head.weight", "head.bias")
@@ -102,22 +113,16 @@ class ZeroCheckResult(CheckResult):
     timeline: str = ""
 
 
-def _flat(params):
-    return torch.cat([p.detach().reshape(-1) for p in params])
-
-
 def _cases(bucket_numels, lr):
     """(key, bucket_numel, optimizer_class, defaults, grouping): Adam at each bucket size, then AdamW with 2 groups."""
-    adam = [(numel, numel, torch.optim.Adam, dict(lr=lr), "generator") for numel in bucket_numels]
-    return adam + [("AdamW, 2 groups", bucket_numels[0], torch.optim.AdamW, dict(lr=lr), "groups")]
+    adam = [(numel, numel, torch.optim.Adam, dict(lr=lr, eps=CHECK_EPS), "generator") for numel in bucket_numels]
+    return adam + [("AdamW, 2 groups", bucket_numels[0], torch.optim.AdamW, dict(lr=lr, eps=CHECK_EPS), "groups")]
 
 
-def _one_case(cls, model, ref, x, y, batches, case, steps):
-    """``steps`` steps of the learner's class on ``model`` beside plain DDP with the unsharded optimizer on ``ref``."""
+def _one_case(cls, model, x, y, share, case, steps):
+    """``steps`` steps of the learner's class on ``model``, on this rank's ``share`` of each step's batch."""
     _, bucket_numel, optimizer_class, defaults, grouping = case
-    rank, n = dist.get_rank(), dist.get_world_size()
     params = [p for p in model.parameters() if p.requires_grad]  # each tensor once: the tied weight too
-    ref_params = [p for p in ref.parameters() if p.requires_grad]
     probe = {"ledger": None, "events": []}
 
     def seen(i):  # runs before the learner's hook of the same parameter: registered first
@@ -127,17 +132,14 @@ def _one_case(cls, model, ref, x, y, batches, case, steps):
 
     for i, p in enumerate(params):
         p.register_post_accumulate_grad_hook(lambda p, i=i: seen(i))
-    ref_groups, groups, options = model_params(ref, grouping, defaults["lr"])
-    ref_opt = optimizer_class(ref_groups, **defaults)  # the unsharded optimizer, same class, same groups
     steps_out = []
     baseline = held_tensors(params[0].device)  # every tensor held before the answer exists
     given, _, _ = model_params(model, grouping, defaults["lr"])  # a generator, or groups holding one
     answer = cls(given, bucket_numel, optimizer_class=optimizer_class, **defaults)
     held = None
     for step in range(steps):
-        mine = batches[step].view(n, -1)[rank]  # this rank's shard of the global batch
+        mine = share[step]  # this rank's PER_RANK samples of the step's global batch
         probe["events"] = []
-        before = _flat(params)
         with CommLedger() as ledger:
             probe["ledger"] = ledger
             F.cross_entropy(model(x[mine]), y[mine]).backward()
@@ -147,34 +149,29 @@ def _one_case(cls, model, ref, x, y, batches, case, steps):
             answer.step()
         probe["ledger"] = None
         if held is None:  # what the answer holds after its first step: the checker's own copies left out
-            held, baseline = added_bytes(baseline, params[0].device, [before, *shards]), None
-        ref_opt.zero_grad()  # plain DDP, outside the ledger: all-reduce, divide, the optimizer on everything
-        F.cross_entropy(ref(x[mine]), y[mine]).backward()
-        mean = torch.cat([p.grad.reshape(-1) for p in ref_params])
-        dist.all_reduce(mean)
-        mean /= n
-        for p, piece in zip(ref_params, mean.split([p.numel() for p in ref_params])):
-            p.grad = piece.view_as(p).clone()
-        ref_opt.step()
+            held, baseline = added_bytes(baseline, params[0].device, shards), None
         steps_out.append({"events": probe["events"], "after_backward": after_backward, "live_after": live_after,
                           "records": [(r.op, r.payload_bytes, r.wire_bytes) for r in ledger.records],
-                          "shards": shards, "mean": mean.clone(), "before": before, "after": _flat(params)})
+                          "shards": shards, "after": flat(params)})
     has_optimizer, state_bytes, state_steps = optimizer_state(answer)
-    return {"steps": steps_out, "final": _flat(params), "ref": _flat(ref_params), "sizes": [p.numel() for p in params],
-            "state_bytes": state_bytes, "held_bytes": held, "state_steps": state_steps,
-            "has_optimizer": has_optimizer, "groups": groups, "options": options, "defaults": defaults}
+    return {"steps": steps_out, "state_bytes": state_bytes, "held_bytes": held, "state_steps": state_steps,
+            "has_optimizer": has_optimizer}
 
 
-def _zero2_on_rank(cls, x, y, batches, cases, steps):
+def _zero2_on_rank(cls, x, y, cases, steps, seed):
+    """Runs on every rank: each case from rank 0's model, on this rank's share of the batches (both from the seeds,
+    ``zero_reference``); stops at the first error. Reports what it saw (``zero_reference.REPORT``); DDP's values are
+    the checker's to compute."""
     device = rank_device()
-    out, x, y = {"error": None}, x.to(device), y.to(device)
+    out, x, y, share = {"error": None, "cases": []}, x.to(device), y.to(device), shard(seed, len(x), steps)
     try:
         for case in cases:
-            torch.manual_seed(0)  # the same model on every rank and for DDP: the broadcast is lab 02's business
-            model = ToyNet().to(device)
-            torch.manual_seed(0)
-            ref = ToyNet().to(device)
-            out[case[0]] = _one_case(cls, model, ref, x, y, batches, case, steps)
+            model = toy_model(seed).to(device)  # this rank's own model, until rank 0's arrives
+            for tensor in model.state_dict().values():  # detached; the frozen one and the buffer too
+                # rank 0's model on every rank (lab 02's broadcast, not this lab's), outside any ledger; and every
+                # rank starts each case together
+                dist.broadcast(tensor, 0)
+            out["cases"].append(_one_case(cls, model, x, y, share, case, steps))
     except Exception as exc:  # noqa: BLE001 - reported in the notebook, with every rank's view
         out["error"] = caught(exc, cls.__name__)
     return out
@@ -280,30 +277,38 @@ def check_bucketed_zero2(cls, make_buckets, world_sizes=(2, 3), bucket_numels=(1
     """Check ``cls(params, bucket_numel, optimizer_class, **defaults)`` (hooks, then ``.step()``) on ToyNet beside DDP.
 
     First ``check_make_buckets(make_buckets)``. Then on each world size n: Adam over ``model.parameters()`` at each
-    bucket size, and AdamW over two parameter groups (``zero_optim``) at the first, ``steps`` steps of 16
-    samples per rank of ``digits``. Demands: one reduce-scatter per bucket, right after its last gradient; only
-    all-gathers after backward; no full gradient outliving its bucket; gradient chunks = DDP's mean; 8 bytes of
-    Adam state per number of the rank's chunks; the first step of size ``lr``; parameters equal to those of DDP
-    with the unsharded optimizer of the same class and groups (``WEIGHT_TOL``).
+    bucket size, and AdamW over two parameter groups (``zero_optim``) at the first, ``steps`` steps of ``PER_RANK``
+    samples per rank of ``digits``, each rank's own (``zero_reference``). Demands: one reduce-scatter per bucket,
+    right after its last gradient; only all-gathers after backward; no full gradient outliving its bucket; gradient
+    chunks = DDP's mean; 8 bytes of Adam state per number of the rank's chunks; the first step of size ``lr``;
+    parameters equal to those of DDP with the unsharded optimizer of the same class and groups (``WEIGHT_TOL``), DDP
+    computed by the checker, outside the ranks.
     """
     __tracebackhide__ = True
     if steps < 1 or not bucket_numels or min(bucket_numels) < 1:
         raise ValueError(f"steps={steps}, bucket_numels={bucket_numels}: need at least one step and bucket sizes >= 1.")
-    check_make_buckets(make_buckets)
     x, y = digits()
+    shard(0, len(x), steps)  # too many steps for the digits: a ValueError here, before any rank starts
+    check_make_buckets(make_buckets)
     cases = _cases(tuple(bucket_numels), lr)
+    sizes = [p.numel() for p in toy_model(0).parameters() if p.requires_grad]
     lines, measured, timeline = [], {}, ""
     for n in world_sizes:
-        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(n))
-        batches = order[: steps * 16 * n].view(steps, 16 * n)  # (steps, 16n): 16 samples per rank per step
-        ranks = launch_answer(_zero2_on_rank, (cls, x, y, batches, cases, steps), n, timeout,
-                              cls.__name__, ZERO_HINTS["deadlock"])
+        seeds = new_seeds(n)  # rank k's model (rank 0's for all) and share of the batches: only rank k gets seeds[k]
+        per_rank = launch_answer(_zero2_on_rank, (cls, x, y, cases, steps), n, timeout, cls.__name__,
+                                 ZERO_HINTS["deadlock"], rank_args=rank_args(seeds))
+        ranks = [{"error": r["error"], **{c[0]: seen for c, seen in zip(cases, r["cases"])}}  # case key -> report
+                 for r in observed(per_rank, len(cases), steps, sizes, n)]
         raise_if_error(first_error(ranks), n, ZERO_HINTS, ERROR_PHRASES)
-        for key, bucket_numel, optimizer_class, _, _ in cases:
-            for r in ranks:  # the class stays here: what a rank sends back is data (a grader reads nothing else)
-                r[key]["optimizer_class"] = optimizer_class
+        for key, bucket_numel, optimizer_class, defaults, grouping in cases:
+            ddp = ddp_reference(x, y, seeds, optimizer_class, defaults, grouping, steps)  # here, never in a rank
+            for r in ranks:  # beside what each rank saw, the checker's own: the case, DDP's values (and the class
+                # stays here: what a rank sends back is data, a grader reads nothing else)
+                r[key].update(optimizer_class=optimizer_class, defaults=defaults, sizes=ddp["sizes"],
+                              groups=ddp["groups"], options=ddp["options"], ref=ddp["final"],
+                              final=r[key]["steps"][-1]["after"])
+                r[key]["steps"][0].update(before=ddp["before"], mean=ddp["mean"])
             case = ranks[0][key]
-            sizes = case["sizes"]
             label = f"{optimizer_class.__name__}, {len(case['groups'])} group(s), bucket_numel={bucket_numel:,}"
             buckets = []  # yours, per group, judged: never recomputed
             for group in case["groups"]:
