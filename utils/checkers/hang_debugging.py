@@ -8,7 +8,7 @@ script loads its data set), and picks its own part by rank. The data set is rand
 and keeps (``rank_secrets``). The checker grades a learner's answer to one program on two counts:
 
 - **the diagnosis**: one of ``BUG_KINDS``, compared with the bug planted in that program, which only the teacher's
-  side holds (``DIAGNOSES`` in ``labs/solutions/hang_debugging.py``: the course's checkout and ``make grade``'s
+  side holds (the reference solution's ``DIAGNOSES``, ``SOLUTION``: in the course's checkout and ``make grade``'s
   judge). The student release holds no form of it, not even a digest (six kinds a program: six hashes would
   undo one), so there the diagnosis is left to the teacher's grading and only the fix is judged;
 - **the fix**: run on ranks with a timeout (a fix that still hangs is stopped and reported), then
