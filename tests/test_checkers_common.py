@@ -279,7 +279,7 @@ def test_a_failing_check_shows_a_panel_not_checker_frames_and_a_pass_says_what_w
     result, shown = shown_in_ipython("print(check(right, world_sizes=(2,), timeout=30))", ns)
     assert result.success, shown
     assert shown.startswith("PASSED: halving_reduce_scatter\n  - world_size=2: every case's chunk v on rank v equals "
-                            "dist.all_reduce's"), shown
+                            "the sum's"), shown
     assert "(p-1)/p = 0.5000" in shown and "only to v XOR d, d = 1 first" in shown, shown
 
 

@@ -1,5 +1,6 @@
 """The guarantees of utils.run_ranks, one test each (see utils/launch/ for how they are kept)."""
 
+import collections
 import os
 import signal
 import subprocess
@@ -328,8 +329,14 @@ def test_a_process_a_rank_leaves_holding_its_output_does_not_hold_the_cell():
 
 def _leave_a_daemon(marker):
     import subprocess
-    subprocess.Popen(["sleep", marker], start_new_session=True)
+    subprocess.Popen(["sleep", marker], start_new_session=True)  # holds the rank's stdout and stderr
+    if os.fork() == 0:  # a forked child holds every pipe of the rank's, its result pipe too
+        time.sleep(20)
+        os._exit(0)
     return "left"
+
+
+Share = collections.namedtuple("Share", "rows")  # a holder pickle rebuilds by name: defined at the module's top
 
 
 def test_a_view_in_a_ranks_own_arguments_carries_only_its_elements():
@@ -337,10 +344,13 @@ def test_a_view_in_a_ranks_own_arguments_carries_only_its_elements():
     run_ranks sends each tensor of ``rank_args`` in a storage of its own."""
     import torch
 
+    import collections
+
     batch = torch.arange(1000.0).view(10, 100)
 
-    def storage(share):
-        return share.untyped_storage().nbytes(), share.sum().item()
+    def storage(share, held):
+        return share.untyped_storage().nbytes(), share.sum().item(), held.rows["x"].untyped_storage().nbytes()
 
-    shares = run_ranks(storage, world_size=2, rank_args=[(batch[k],) for k in range(2)], verbose=False)
-    assert shares == [(400, batch[0].sum().item()), (400, batch[1].sum().item())], shares
+    held = [Share(collections.OrderedDict(x=batch[k])) for k in range(2)]  # whatever holds the view
+    shares = run_ranks(storage, world_size=2, rank_args=[(batch[k], held[k]) for k in range(2)], verbose=False)
+    assert shares == [(400, batch[0].sum().item(), 400), (400, batch[1].sum().item(), 400)], shares

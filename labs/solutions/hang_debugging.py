@@ -15,6 +15,23 @@ DIAGNOSES = {"A": "skipped", "B": "shape", "C": "order", "D": "unmatched_send", 
              "F": "skipped"}  # F: rank 0 has one batch more, so it calls DDP's all-reduce once more
 
 
+# What the report of each program shows, for a learner whose diagnosis is wrong: symptoms, not the bug, yet close to it
+# (read with the program's source they point at its kind), so the checker reads them here, on the teacher's side.
+CLUES = {
+    "A": "rank 0 is in barrier(), every other rank in all_reduce(): compare, rank by rank, the calls each made "
+         "before, and look at rank 0's data.",
+    "B": "every rank called the same all_reduce, yet some never leave it (others got through it, with wrong numbers): "
+         "print what each rank hands it.",
+    "C": "rank 0 is stuck in one collective and the other ranks in another one: compare, rank by rank, the calls "
+         "each made before.",
+    "D": "the last rank is stuck in dist.send, the others already wait at the barrier: which call of which rank "
+         "should this one meet?",
+    "E": "it did not hang: every rank raised at once. Read the error, then print where the module's parameters are.",
+    "F": "rank 0 is stuck in backward, where DDP all-reduces the gradients, the others at the barrier: how many "
+         "times does each rank go through the loop (len(data['batches'][rank::world_size]))?",
+}
+
+
 def fixed_A(data):
     """Mean of every sample of every rank. Rank 0 holds none, and must still take part in the sum."""
     device = rank_device()

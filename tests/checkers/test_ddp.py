@@ -420,12 +420,12 @@ def test_each_rank_gets_its_own_seed_and_share_and_nothing_of_its_peers():
 
     from utils.checkers.ddp import PER_RANK, _batches, _rank_args
     from utils.checkers.rank_secrets import new_seeds
-    from utils.launch.kernel import _compact
+    from utils.launch.kernel import _dumps_own
 
     steps, n = 3, 4
     batches, seeds = _batches(1797, steps, n), new_seeds(n)
     assert batches.shape == (steps, PER_RANK * n) and not torch.equal(batches, _batches(1797, steps, n))
-    args = [_compact(a) for a in _rank_args(seeds, batches)]  # as run_ranks sends them
+    args = [pickle.loads(_dumps_own(a)) for a in _rank_args(seeds, batches)]  # as run_ranks sends them
     assert [seed for seed, _ in args] == seeds
     for k, (_, share) in enumerate(args):
         assert torch.equal(share, batches[:, k * PER_RANK:(k + 1) * PER_RANK])

@@ -56,20 +56,6 @@ DDP_PROGRAMS = ("E", "F")  # their communication happens inside torch's DDP, in 
 NUM_CLASSES = 8  # program B's labels
 TOL = dict(rtol=1e-5, atol=1e-6)  # float32 sums in another order differ by ~1e-7; a wrong answer by far more
 
-CLUES = {  # what the report of each program shows, for a learner whose diagnosis is wrong: symptoms, not the bug
-    "A": "rank 0 is in barrier(), every other rank in all_reduce(): compare, rank by rank, the calls each made "
-         "before, and look at rank 0's data.",
-    "B": "every rank called the same all_reduce, yet some never leave it (others got through it, with wrong numbers): "
-         "print what each rank hands it.",
-    "C": "rank 0 is stuck in one collective and the other ranks in another one: compare, rank by rank, the calls "
-         "each made before.",
-    "D": "the last rank is stuck in dist.send, the others already wait at the barrier: which call of which rank "
-         "should this one meet?",
-    "E": "it did not hang: every rank raised at once. Read the error, then print where the module's parameters are.",
-    "F": "rank 0 is stuck in backward, where DDP all-reduces the gradients, the others at the barrier: how many "
-         "times does each rank go through the loop (len(data['batches'][rank::world_size]))?",
-}
-
 HINTS = {
     "not_a_kind": f"name the bug with one of these keys: {sorted(BUG_KINDS)}.",
     "deadlock": "the fixed program still hangs: every rank must call the same collectives, in the same order, with "
@@ -271,7 +257,7 @@ def check_diagnosis(program, diagnosis):
                 "your teacher's grading judges it")
     if diagnosis != kind:
         raise LabCheckFailed("wrong_diagnosis", f"program {program}: not {diagnosis!r} ({BUG_KINDS[diagnosis]}).",
-                             CLUES[program])
+                             teacher_module(SOLUTION).CLUES[program])
     return f"program {program}: diagnosis {diagnosis!r} is the bug planted"
 
 

@@ -122,26 +122,29 @@ def _rank_args(rank_args, world_size):
     if not isinstance(rank_args, (list, tuple)) or len(rank_args) != world_size or not all(
             isinstance(a, tuple) for a in rank_args):
         raise ValueError(f"rank_args must hold one tuple per rank ({world_size}), got {rank_args!r:.200}.")
-    out = [pickle.dumps(_compact(a)) for a in rank_args]
+    out = [_dumps_own(a) for a in rank_args]
     if max(map(len, out)) > SECRET_LIMIT:
         raise ValueError(f"rank_args of {max(map(len, out)):,} bytes for one rank: they travel in a pipe of at most "
                          f"{SECRET_LIMIT:,}; send a seed and make the data from it on the rank.")
     return out
 
 
-def _compact(value):
-    """``value`` with each tensor in it (in tuples, lists and dicts) in a storage of its own: pickle sends a tensor's
-    whole storage, so a view (a rank's slice of a batch) would carry its peers' shares with it."""
+def _dumps_own(value):
+    """``value`` pickled with each tensor in it, whatever holds it, as a copy of its own elements: pickle sends a
+    tensor's whole storage, so a view (a rank's slice of a batch) would carry its peers' shares with it."""
+    import io
+
     import torch
 
-    if isinstance(value, torch.Tensor):
-        return value.clone(memory_format=torch.contiguous_format) if (
-            value.untyped_storage().nbytes() != value.numel() * value.element_size()) else value
-    if type(value) in (tuple, list):
-        return type(value)(_compact(v) for v in value)
-    if type(value) is dict:
-        return {k: _compact(v) for k, v in value.items()}
-    return value
+    class Pickler(pickle.Pickler):
+        def reducer_override(self, obj):
+            if isinstance(obj, torch.Tensor) and obj.untyped_storage().nbytes() != obj.numel() * obj.element_size():
+                return obj.clone(memory_format=torch.contiguous_format).__reduce_ex__(pickle.DEFAULT_PROTOCOL)
+            return NotImplemented
+
+    out = io.BytesIO()
+    Pickler(out).dump(value)
+    return out.getvalue()
 
 
 def _secret_pipe(data):
@@ -189,10 +192,12 @@ class _Rank:
         open_ = [c for c in (self.result, *self.streams.values()) if not c.closed]
         if self.exitcode is None:
             return open_
-        # Ended: drain its pipes briefly. A grandchild (a DataLoader worker, say) may hold them open.
+        # Ended: drain its pipes briefly. A grandchild (a DataLoader worker, a forked daemon) may hold them open, the
+        # result pipe too: once the rank has said its one message, that pipe has nothing more to say.
         self.exited_at = self.exited_at or time.monotonic()
         drain = time.monotonic() - self.exited_at < 0.5
-        return [c for c in open_ if drain or c is self.result]
+        said = self.outcome.returned or bool(self.outcome.report)
+        return [c for c in open_ if drain or (c is self.result and not said)]
 
     def read(self, conn):
         if conn is self.result:

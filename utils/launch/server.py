@@ -41,6 +41,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from multiprocessing.connection import Connection, wait
 
 from .rank import die_with_parent, rank_main, undumpable
@@ -129,18 +130,32 @@ def _preload(modules):
     return failed
 
 
-def _sweep():
-    """SIGKILL every process of this (the sandbox's) process namespace but its first (bwrap) and this server; returns
-    how many. A process that ends meanwhile is not counted."""
+def _sweep(rounds=20):
+    """SIGKILL every process of this (the sandbox's) process namespace but its first (bwrap) and this server, again
+    while any is left (one may have forked between a listing and its kill), ``rounds`` times at most; returns how many
+    kills. A process that ends meanwhile is not counted."""
     killed = 0
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) not in (1, os.getpid()):
+    for _ in range(rounds):
+        others = [int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) not in (1, os.getpid()) and _alive(e)]
+        if not others:
+            break
+        for pid in others:
             try:
-                os.kill(int(entry), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
                 killed += 1
             except (ProcessLookupError, PermissionError):
                 pass
+        time.sleep(0.01)
     return killed
+
+
+def _alive(pid):
+    """Whether process ``pid`` (a /proc entry) still runs: not a zombie waiting for its parent to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _reap(children):
