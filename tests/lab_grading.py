@@ -74,3 +74,19 @@ def reference_answers(lab, root):
         if name.startswith("diagnosis_"):
             answers[name] = module.DIAGNOSES[name.removeprefix("diagnosis_")]
     return answers
+
+
+def graded_in_sandbox(tmp_path, lab, answers, part=0, learner="forger", timeout=240, sandbox=True):
+    """The workshop grader's verdict (``grade.run_answer``) on a notebook of ``lab`` whose answer cells are ``answers``
+    ({name: source}, ``submissions.notebook_with``), graded as ``make grade`` grades it: on 2 ranks, the judge outside
+    the sandbox and the answer's code inside it (``sandbox``)."""
+    import nbformat
+
+    from utils.workshop import grade as grader
+    from utils.workshop.submissions import notebook_with
+
+    path = Path(tmp_path) / learner / f"{lab}.ipynb"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook_with(lab, answers), str(path))
+    return grader.run_answer(grader.Answer(learner, lab, path, "x"), part, world_size=2, smoke=True, timeout=timeout,
+                             sandbox=sandbox)

@@ -12,14 +12,14 @@ import time
 import uuid
 from pathlib import Path
 
-import nbformat
 import pytest
+
+from lab_grading import graded_in_sandbox
 
 from utils.launch.restricted import RESTRICTED_ENV, Unsendable, dumps_tensors, loads_plain, loads_tensors
 from utils.workshop import grade as grader
 from utils.workshop.gradebook import cell
 from utils.workshop.sandbox import available
-from utils.workshop.submissions import notebook_with
 
 SANDBOX = available() is None
 LAB, NAME = "06_pipeline_lab", "interleaved_one_f_one_b"
@@ -116,11 +116,7 @@ FORGERIES = {  # learner -> (lab, {name: source}), the gradebook cell wanted
 @pytest.mark.parametrize("learner", sorted(FORGERIES))
 def test_an_answer_cannot_write_its_verdict(learner, tmp_path):
     lab, sources, want = FORGERIES[learner]
-    path = tmp_path / learner / f"{lab}.ipynb"
-    path.parent.mkdir()
-    nbformat.write(notebook_with(lab, sources), str(path))
-    verdict = grader.run_answer(grader.Answer(learner, lab, path, "x"), 0, world_size=2, smoke=True, timeout=240,
-                                sandbox=SANDBOX)
+    verdict = graded_in_sandbox(tmp_path, lab, sources, learner=learner, sandbox=SANDBOX)
     assert cell([verdict]) == want, (verdict.label, verdict.message[:2000], verdict.output[-2000:])
     assert not Path(MARK).exists(), "the answer's code ran where its result was read"
     if learner == "names_its_mistake":
@@ -263,23 +259,15 @@ def test_what_a_hostile_reader_planted(learner, tmp_path):
     host.mkdir()
     victim.write_text("the teacher's file")
     source = source.replace("HOST", repr(str(host))).replace("VICTIM", repr(str(victim)))
-    path = tmp_path / learner / f"{lab}.ipynb"
-    path.parent.mkdir()
-    nbformat.write(notebook_with(lab, {name: source}), str(path))
     start = time.perf_counter()
-    verdict = grader.run_answer(grader.Answer(learner, lab, path, "x"), 0, world_size=2, smoke=True, timeout=240,
-                                sandbox=True)
+    verdict = graded_in_sandbox(tmp_path, lab, {name: source}, learner=learner)
     assert cell([verdict]) == want, (verdict.label, verdict.message[:2000], verdict.output[-2000:])
     assert not list(host.iterdir()) and victim.read_text() == "the teacher's file", "the sandbox was left"
     assert time.perf_counter() - start < 120, "a message took the judge minutes to read"
 
 
 def _forged_verdict(tmp_path, source):
-    path = tmp_path / "forger" / "01a_halving_reduce_scatter_lab.ipynb"
-    path.parent.mkdir()
-    nbformat.write(notebook_with("01a_halving_reduce_scatter_lab", {"halving_reduce_scatter": source}), str(path))
-    return grader.run_answer(grader.Answer("forger", "01a_halving_reduce_scatter_lab", path, "x"), 0, world_size=2,
-                             smoke=True, timeout=240, sandbox=True)
+    return graded_in_sandbox(tmp_path, "01a_halving_reduce_scatter_lab", {"halving_reduce_scatter": source})
 
 
 @pytest.mark.skipif(not SANDBOX, reason="the ranks in the sandbox")

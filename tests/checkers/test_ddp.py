@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from lab_grading import expect_raised, expect_rejection
+from lab_grading import expect_raised, expect_rejection, graded_in_sandbox
 from utils.course.notebook_runner import ROOT
 from utils.checkers.ddp import check_ddp, expected_buckets
 from utils.models import ToyNet
@@ -485,9 +485,7 @@ def test_a_stub_that_replaces_the_checkers_rank_function_does_not_pass(tmp_path,
     import nbformat
 
     from utils.checkers.labs import LABS
-    from utils.workshop import grade as grader
     from utils.workshop.sandbox import available
-    from utils.workshop.submissions import notebook_with
 
     if available() is not None:
         pytest.skip(f"the ranks in the sandbox: {available()}")
@@ -495,9 +493,5 @@ def test_a_stub_that_replaces_the_checkers_rank_function_does_not_pass(tmp_path,
     stub = next(c.source for c in nbformat.read(str(LABS[lab].path(ROOT)), as_version=4).cells
                 if c.source.startswith("class BucketedDDP"))
     source, wanted = FORGED_RANKS[kind]
-    path = tmp_path / "forger" / f"{lab}.ipynb"
-    path.parent.mkdir()
-    nbformat.write(notebook_with(lab, {"BucketedDDP": source + stub}), str(path))
-    verdict = grader.run_answer(grader.Answer("forger", lab, path, "x"), 0, world_size=2, smoke=True, timeout=240,
-                                sandbox=True)
+    verdict = graded_in_sandbox(tmp_path, lab, {"BucketedDDP": source + stub})
     assert (verdict.verdict, verdict.mistake) == ("mistake", wanted), (verdict.message, verdict.output[-2000:])

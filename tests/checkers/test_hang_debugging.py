@@ -12,20 +12,17 @@ import json
 import re
 import sys
 
-import nbformat
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lab_grading import expect_raised, expect_rejection
+from lab_grading import expect_raised, expect_rejection, graded_in_sandbox
 from utils.course.notebook_runner import ROOT
 from utils import rank_device
 from utils.checkers.hang_debugging import BUG_KINDS, LABS, PROGRAMS, check_diagnosis, check_fix, make_data, references
-from utils.workshop import grade as grader
 from utils.workshop.sandbox import available
-from utils.workshop.submissions import notebook_with
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
 from solutions import hang_debugging as reference  # noqa: E402
@@ -334,10 +331,6 @@ def test_a_stub_that_replaces_the_checkers_rank_function_does_not_pass(tmp_path,
     were not replaced would say 'not written yet' (its NotImplementedError): each mistake below is the forger's."""
     source, wanted = FORGED_RANKS[kind]
     lab = "11a_collective_hangs_lab"
-    path = tmp_path / "forger" / f"{lab}.ipynb"
-    path.parent.mkdir()
-    nbformat.write(notebook_with(lab, {"fixed_A": source}), str(path))
-    verdict = grader.run_answer(grader.Answer("forger", lab, path, "x"), 0, world_size=2, smoke=True, timeout=240,
-                                sandbox=True)
+    verdict = graded_in_sandbox(tmp_path, lab, {"fixed_A": source})
     assert (verdict.verdict, verdict.mistake) == ("mistake", wanted), (verdict.label, verdict.message[:2000],
                                                                        verdict.output[-2000:])

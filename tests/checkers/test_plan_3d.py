@@ -17,17 +17,15 @@ import sys
 import types
 from concurrent.futures import ThreadPoolExecutor
 
-import nbformat
 import pytest
 
-from lab_grading import expect_raised, expect_rejection
+from lab_grading import expect_raised, expect_rejection, graded_in_sandbox
 from utils.course.notebook_runner import ROOT
 from utils.checkers import plan_3d
 from utils.checkers.plan_3d import CASES, TINY, TINY_BATCH, check_choose_plan, check_plan_run, tiny_cluster
 from utils.planner import CHECKPOINTING, Plan, best_plans, estimate
-from utils.workshop import grade as grader
 from utils.workshop.sandbox import available
-from utils.workshop.submissions import notebook_with, reference_source
+from utils.workshop.submissions import reference_source
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
 from solutions.plan_3d import choose_plan, divisors  # noqa: E402
@@ -352,11 +350,7 @@ def test_a_class_body_that_replaces_the_runs_training_step_changes_nothing(tmp_p
     source, wanted = FORGED_RUNS[kind]
     lab = "09_plan_3d_lab"
     source = source or reference_source(lab) + RUN_FORGER.replace("REPORT", "[]")
-    path = tmp_path / "forger" / f"{lab}.ipynb"
-    path.parent.mkdir()
-    nbformat.write(notebook_with(lab, {"choose_plan": source}), str(path))
-    verdict = grader.run_answer(grader.Answer("forger", lab, path, "x"), 1, world_size=2, smoke=True, timeout=360,
-                                sandbox=True)
+    verdict = graded_in_sandbox(tmp_path, lab, {"choose_plan": source}, part=1, timeout=360)
     assert verdict.verdict == wanted, (verdict.label, verdict.message[:2000], verdict.output[-2000:])
 
 

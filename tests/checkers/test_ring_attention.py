@@ -13,21 +13,18 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import nbformat
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from lab_grading import expect_raised, expect_rejection
+from lab_grading import expect_raised, expect_rejection, graded_in_sandbox
 from utils.course.notebook_runner import ROOT
 from utils.checkers.guard import module_functions
 from utils.checkers.ring_attention import RING_HINTS, _partials, check_ring_attention
 from utils.context_parallel import ring as ring_module
 from utils.context_parallel.ring import merge as the_lesson_merge
-from utils.workshop import grade as grader
 from utils.workshop.sandbox import available
-from utils.workshop.submissions import notebook_with
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
 from solutions.ring_attention import causal_block, merge  # noqa: E402
@@ -249,10 +246,6 @@ RULE = inspect.getsource(causal_block)  # the reference's rule: it passes, as th
 def test_an_answer_that_replaces_the_checkers_rank_function_does_not_pass(tmp_path, kind):
     source, wanted = FORGED_RANKS[kind]
     lab = "14_ring_attention_lab"
-    path = tmp_path / "forger" / f"{lab}.ipynb"
-    path.parent.mkdir()
-    nbformat.write(notebook_with(lab, {"merge": source, "causal_block": RULE}), str(path))
-    verdict = grader.run_answer(grader.Answer("forger", lab, path, "x"), 0, world_size=2, smoke=True, timeout=240,
-                                sandbox=True)
+    verdict = graded_in_sandbox(tmp_path, lab, {"merge": source, "causal_block": RULE})
     # not wrong_gradient, what its merge gives in the checker's own rank function: the forged function ran instead
     assert verdict.verdict == "mistake" and verdict.mistake == wanted, (verdict.label, verdict.message[:2000])

@@ -10,17 +10,14 @@ mistake shows on 2 and on 3). Also: ``utils.tensor_parallel.check_tp_degree``'s 
 notebook itself runs in tests/test_notebooks.py.
 """
 
-import nbformat
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from lab_grading import expect_raised, expect_rejection
+from lab_grading import expect_raised, expect_rejection, graded_in_sandbox
 from utils.checkers.tensor_parallel import check_vocab_parallel_cross_entropy
-from utils.workshop import grade as grader
 from utils.workshop.sandbox import available
-from utils.workshop.submissions import notebook_with
 from utils.tensor_parallel import check_tp_degree, nearest_tp_degrees, valid_tp_degrees
 
 
@@ -226,10 +223,6 @@ FORGED_RANKS = {
 def test_a_stub_that_replaces_the_checkers_rank_function_does_not_pass(tmp_path, kind):
     source, wanted = FORGED_RANKS[kind]
     lab = "05_tensor_parallel_lab"
-    path = tmp_path / "forger" / f"{lab}.ipynb"
-    path.parent.mkdir()
-    nbformat.write(notebook_with(lab, {"VocabParallelCrossEntropy": source}), str(path))
-    verdict = grader.run_answer(grader.Answer("forger", lab, path, "x"), 0, world_size=2, smoke=True, timeout=240,
-                                sandbox=True)
+    verdict = graded_in_sandbox(tmp_path, lab, {"VocabParallelCrossEntropy": source})
     # "mistake", not "not written yet": the forged function ran in place of the checker's, whose stub would raise
     assert verdict.verdict == "mistake" and verdict.mistake in wanted, (verdict.label, verdict.message[:2000])

@@ -508,8 +508,8 @@ FORGED_RANKS = {  # the rank function's report -> the verdict (a value mistake) 
 }
 
 
-def _forger_notebook(report):
-    """Lab 03 with a right make_buckets and the notebook's own stub of BucketedZeRO2, whose class body replaces the
+def _forger_answers(report):
+    """Lab 03's answers: a right make_buckets and the notebook's own stub of BucketedZeRO2, whose class body replaces the
     checker's rank function (in every rank, where the notebook's definitions run) with ``_forged``, returning
     ``report``."""
     import inspect
@@ -521,21 +521,14 @@ def _forger_notebook(report):
     patched = stub.replace("class BucketedZeRO2:\n", "class BucketedZeRO2:\n    _z._zero2_on_rank.__code__ = "
                            "_forged.__code__  # the checker's own rank function replaced\n", 1)
     assert patched != stub
-    return notebook_with("03_zero_lab", {"make_buckets": inspect.getsource(make_buckets),
-                                         "BucketedZeRO2": FORGER.replace("REPORT", report) + patched})
+    return {"make_buckets": inspect.getsource(make_buckets), "BucketedZeRO2": FORGER.replace("REPORT", report) + patched}
 
 
 def _forged_verdict(tmp_path, report):
     """The grader's verdict on the forger, its code in the sandbox as every answer's (tests/test_workshop_judge.py)."""
-    import nbformat
+    from lab_grading import graded_in_sandbox
 
-    from utils.workshop import grade as grader
-
-    path = tmp_path / "forger" / "03_zero_lab.ipynb"
-    path.parent.mkdir()
-    nbformat.write(_forger_notebook(report), str(path))
-    return grader.run_answer(grader.Answer("forger", "03_zero_lab", path, "x"), 1, world_size=2, smoke=True,
-                             timeout=240, sandbox=True)
+    return graded_in_sandbox(tmp_path, "03_zero_lab", _forger_answers(report), part=1)
 
 
 def _sandbox_missing():
