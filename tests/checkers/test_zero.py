@@ -329,6 +329,14 @@ class IgnoresLr(BucketedZeRO2):
         self.optimizer = optimizer_class(_chunk_groups(self))
 
 
+class DropsEps(BucketedZeRO2):
+    """The lr passed on, the caller's eps left out: optimizer_class(groups, lr=...), at the class's eps (1e-8)."""
+
+    def __init__(self, params, bucket_numel, optimizer_class=torch.optim.Adam, **defaults):
+        super().__init__(params, bucket_numel, optimizer_class, **defaults)
+        self.optimizer = optimizer_class(_chunk_groups(self), lr=defaults["lr"])
+
+
 class IgnoresOptimizerClass(BucketedZeRO2):
     """torch.optim.Adam whatever the caller asks for: right for Adam, wrong for AdamW's decoupled weight decay."""
 
@@ -406,6 +414,7 @@ def test_reference_measures_the_formulas():
     (Unpadded, (3,), "unequal_pieces", "pad each bucket"),
     (NoGather, (2,), "not_gathered", "all-gather every bucket"),
     (IgnoresLr, (2,), "lr_ignored", "**defaults"),
+    (DropsEps, (2,), "lr_ignored", "without eps="),
     (IgnoresOptimizerClass, (2,), "optimizer_class_ignored", "not torch.optim.Adam"),
     (IgnoresGroupOptions, (2,), "group_options_ignored", "one parameter group per entry"),
     (FreshState, (2,), "state_reset", "restarts Adam"),

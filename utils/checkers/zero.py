@@ -33,8 +33,7 @@ learner has issued so far and how many bytes of full gradients (``p.grad``) are 
   data between its ranks to report DDP's values. The rank function reports what it saw, never a reference;
 - **arguments**: two bucket sizes, an ``lr`` that is not the default (and an ``eps``, ``CHECK_EPS``), and a
   case with AdamW and two parameter groups of their own options (``zero_optim``), so a hard-coded bucket
-  size, ``lr``, optimizer class or an ignored group fails, with the mistake named (an ``eps`` left out fails too,
-  as ``wrong``: its effect is too small to name).
+  size, ``lr``, optimizer class, an ignored group or one argument left out (``eps``) fails, with the mistake named.
 """
 
 import dataclasses

@@ -90,3 +90,8 @@ def judge_first_step(hints, case, n, label):
              f"defaults {defaults}: the groups' own options {options} were ignored.", n)
     if close(step["after"], replay(cls, groups, options, {}), WEIGHT_TOL):
         fail(hints, "lr_ignored", f"{what}, and equal {cls.__name__}'s with its own defaults, not {defaults}.", n)
+    for name in defaults:  # one argument passed on, another dropped (lr given, eps left out)
+        if close(step["after"], replay(cls, groups, options, {k: v for k, v in defaults.items() if k != name}),
+                 WEIGHT_TOL):
+            fail(hints, "lr_ignored", f"{what}, and equal {cls.__name__}'s without {name}={defaults[name]!r}, one of "
+                 f"the caller's arguments {defaults}.", n)
