@@ -78,8 +78,8 @@ def reference_answers(lab, root):
 
 def graded_in_sandbox(tmp_path, lab, answers, part=0, learner="forger", timeout=240, sandbox=True):
     """The workshop grader's verdict (``grade.run_answer``) on a notebook of ``lab`` whose answer cells are ``answers``
-    ({name: source}, ``submissions.notebook_with``), graded as ``make grade`` grades it: on 2 ranks, the judge outside
-    the sandbox and the answer's code inside it (``sandbox``)."""
+    ({name: source}, ``submissions.notebook_with``), graded as ``make grade --smoke`` grades it, on 2 ranks: the judge
+    outside the sandbox and the answer's code inside it (``sandbox``)."""
     import nbformat
 
     from utils.workshop import grade as grader

@@ -7,7 +7,8 @@ groups of their own options (the weights, decayed; the biases, at another lr and
 every step with the *unsharded* optimizer of the same class and groups on DDP's mean gradient. When the
 first step is wrong, this module names why: it replays that first step on the same gradient with the
 optimizers a classic mistake builds instead (torch.optim.Adam whatever the class; one group with the
-defaults; no defaults at all) and says which one the answer matches. The inner optimizer must be kept in
+defaults; no defaults at all; each of the caller's arguments left out in turn) and says which one the answer
+matches. The inner optimizer must be kept in
 ``self.optimizer`` (a ``torch.optim.Optimizer``): its state is what ZeRO shards, and what the checker counts.
 """
 
@@ -25,8 +26,8 @@ OPTIM_HINTS = {
     "group_options_ignored": "give the inner optimizer one parameter group per entry of self.param_groups, with that "
                              "group's own options ({**group, 'params': your chunks of its buckets}): here the biases' "
                              "group has another lr and no weight decay.",
-    "lr_ignored": "pass the optimizer's arguments on: optimizer_class(groups, **defaults), so lr (and weight_decay, "
-                  "betas...) are the caller's, not the class's defaults.",
+    "lr_ignored": "pass the optimizer's arguments on: optimizer_class(groups, **defaults), so lr, eps and every other "
+                  "keyword you are given are the caller's, not the class's defaults.",
     "state_hidden": "keep the inner optimizer in self.optimizer (a torch.optim.Optimizer over your chunks): its state "
                     "is what ZeRO shards, and where the checker counts it.",
 }
