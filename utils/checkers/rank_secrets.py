@@ -62,32 +62,24 @@ def generator(seed, *salt):
     return torch.Generator().manual_seed(mixed)
 
 
-def reports(per_rank, fields, cases, world_size, label="the ranks"):
+def reports(per_rank, kinds, cases, world_size, label="the ranks"):
     """Check the ranks' reports have the shape the checker's rank function gives them, and return them.
 
-    ``per_rank``: what each rank returned, a list of one dict a case; ``fields``: {name: type or tuple of types,
-    or None for anything}; ``cases``: how many the rank ran. A list may be shorter only where its last case holds an
-    ``error`` (the rank function stops there). Anything else raises ``LabCheckFailed("not_a_report")``."""
+    ``per_rank``: what each rank returned, a list of one dict a case; ``kinds``: {field: spec} of a case, as
+    ``mismatch`` reads it (a type, a tuple of types, None for anything); ``cases``: how many the rank ran. A list may be
+    shorter only where its last case holds an ``error`` (the rank function stops there). Anything else raises
+    ``LabCheckFailed("not_a_report")``."""
     __tracebackhide__ = True
-
-    def refuse(what):
-        raise LabCheckFailed("not_a_report", f"{label}: {what}", HINTS["not_a_report"], world_size)
-
     if not isinstance(per_rank, list) or len(per_rank) != world_size:
-        refuse(f"{world_size} reports expected, one a rank; got {type(per_rank).__name__}")
+        refuse(f"{world_size} reports expected, one a rank; got {type(per_rank).__name__}", label, world_size)
     for k, report in enumerate(per_rank):
         if not isinstance(report, list) or not 1 <= len(report) <= cases:
             refuse(f"rank {k} returned {type(report).__name__} of {len(report) if isinstance(report, list) else '?'} "
-                   f"case(s); the checker's rank function returns a list of 1 to {cases}")
+                   f"case(s); the checker's rank function returns a list of 1 to {cases}", label, world_size)
         for i, case in enumerate(report):
-            if not isinstance(case, dict) or set(case) != set(fields):
-                refuse(f"rank {k}, case {i}: fields {sorted(case) if isinstance(case, dict) else type(case).__name__}, "
-                       f"expected {sorted(fields)}")
-            for name, kind in fields.items():
-                if kind is not None and not isinstance(case[name], kind):
-                    refuse(f"rank {k}, case {i}: {name} is a {type(case[name]).__name__}")
+            fields(case, kinds, f"{label}: rank {k}, case {i}", world_size)
         if len(report) < cases and not report[-1].get("error"):
-            refuse(f"rank {k} stopped after {len(report)} of {cases} cases without an error")
+            refuse(f"rank {k} stopped after {len(report)} of {cases} cases without an error", label, world_size)
     return per_rank
 
 
@@ -99,15 +91,11 @@ def refuse(what, label, world_size):
 
 
 def fields(record, kinds, label, world_size):
-    """Check one record of a report (a dict) has exactly the fields of ``kinds`` ({name: type or tuple of types, or
-    None for anything}, as in ``reports``), and return it; anything else raises ``LabCheckFailed("not_a_report")``."""
+    """Check one record of a report has exactly the fields of ``kinds`` ({field: spec}, as ``mismatch`` reads it),
+    each of its kind, and return it; anything else raises ``LabCheckFailed("not_a_report")``."""
     __tracebackhide__ = True
-    if not isinstance(record, dict) or set(record) != set(kinds):
-        refuse(f"fields {sorted(record) if isinstance(record, dict) else type(record).__name__}, expected "
-               f"{sorted(kinds)}", label, world_size)
-    for name, kind in kinds.items():
-        if kind is not None and not isinstance(record[name], kind):
-            refuse(f"{name} is a {type(record[name]).__name__}", label, world_size)
+    if (what := mismatch(record, kinds, "the record")) is not None:
+        refuse(what, label, world_size)
     return record
 
 
@@ -132,15 +120,14 @@ def tensors_like(got, want, label, world_size, every=True):
     return got
 
 
-def report_each(per_rank, fields, world_size, label="the ranks"):
+def report_each(per_rank, kinds, world_size, label="the ranks"):
     """``reports`` for a rank function that returns one dict, not a list of cases: the same checks (one dict a rank,
-    with ``fields``), the same refusal. Returns ``per_rank``."""
+    with the fields of ``kinds``), the same refusal. Returns ``per_rank``."""
     __tracebackhide__ = True
     if not isinstance(per_rank, list) or not all(isinstance(report, dict) for report in per_rank):
         kinds = sorted({type(r).__name__ for r in per_rank}) if isinstance(per_rank, list) else type(per_rank).__name__
-        raise LabCheckFailed("not_a_report", f"{label}: one dict a rank expected; got {kinds}", HINTS["not_a_report"],
-                             world_size)
-    reports([[report] for report in per_rank], fields, 1, world_size, label)
+        refuse(f"one dict a rank expected; got {kinds}", label, world_size)
+    reports([[report] for report in per_rank], kinds, 1, world_size, label)
     return per_rank
 
 
@@ -178,5 +165,5 @@ def shaped(value, spec, world_size, where="the ranks' report"):
     """``value``, where it is what ``spec`` describes (``mismatch``); ``LabCheckFailed("not_a_report")`` otherwise."""
     __tracebackhide__ = True
     if (what := mismatch(value, spec, where)) is not None:  # ``what`` names where
-        raise LabCheckFailed("not_a_report", what, HINTS["not_a_report"], world_size)
+        refuse(what, "the ranks", world_size)
     return value
