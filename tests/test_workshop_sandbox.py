@@ -142,7 +142,9 @@ for secret in (False, True):
 """
     done = run(code, tmp_path)
     lines = done.stdout.split("\n")
-    assert "False environ read" in lines and "False mem read" in lines, done  # the control: same user, dumpable
+    if "False mem read" not in lines:  # the control: a kernel whose Yama forbids even this (ptrace_scope 2 or 3)
+        pytest.skip(f"this kernel refuses reading a dumpable child's memory too, so the test shows nothing: {lines}")
+    assert "False environ read" in lines, done  # the control: same user, dumpable
     assert [line for line in lines if line.startswith("True")] == [f"True {what} PermissionError"
                                                                   for what in ("environ", "mem", "fd/0")], done
 

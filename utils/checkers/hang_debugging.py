@@ -25,7 +25,6 @@ function reports what it saw (``REPORT``); the references are computed here, nev
 code that replaces the rank function, reaches the right result only by moving data between the ranks.
 """
 
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
