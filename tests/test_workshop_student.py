@@ -136,7 +136,7 @@ KNOWN_LOGIC = {
     ("zero.py", "BucketedZeRO2", "utils/checkers/zero_reference.py"): IDIOM,  # torch.cat([p.detach().reshape(-1) ...
     ("plan_3d.py", "divisors", "utils/pipeline/schedules.py"): IDIOM,  # a batch's divisors, named in an error
     ("plan_3d.py", "choose_plan", "utils/planner/estimate.py"): IDIOM,  # the planner's own search space (lesson 09b)
-    ("ring_attention.py", "merge", "utils/context_parallel/ring.py"): CHECKER,
+    ("ring_attention.py", "block_backward", "utils/context_parallel/ring.py"): IDIOM,  # the scores q k^T / sqrt(d)
 }
 
 

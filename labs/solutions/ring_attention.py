@@ -1,30 +1,29 @@
-"""Reference solution of labs/14_ring_attention_lab.ipynb: the online-softmax merge and the causal block rule of ring
-attention.
+"""Reference solution of labs/14_ring_attention_lab.ipynb: one key block's gradients, recomputed from the output and
+the log-sum-exp, as a fused ring attention's backward needs them.
 
-``merge``: two partial attention results over disjoint key blocks, each a normalised output o (.., sq, d) and its
-log-sum-exp l (.., sq, 1), combine exactly: l = log(e^l1 + e^l2), computed as m + log(e^(l1-m) + e^(l2-m)) with
-m = max(l1, l2) so that no exponential overflows, and o = o1 e^(l1-l) + o2 e^(l2-l), each output weighted by the
-share of the softmax mass its block holds (FlashAttention's blockwise softmax, Dao et al., arXiv 2205.14135).
-
-``causal_block``: which part of a (query chunk, key chunk) pair a causal mask keeps. Contiguous: rank r holds
-chunk r; zig-zag: 2n chunks, rank r holds chunks r (part 0) and 2n-1-r (part 1). Query chunk i sees key chunk j
-fully when i > j, its lower triangle when i = j, nothing when i < j.
+The forward saved, per query, the output o over the whole sequence and the log-sum-exp lse of its scores over the
+whole sequence. For one block of keys: the scores s = q k^T / sqrt(d) (the causal triangle masked on a diagonal
+block), the block's share of the whole row's softmax P = exp(s - lse) (never larger than 1: nothing overflows),
+then the chain rule through o = P v: dv = P^T dout, dP = dout v^T, and through the softmax
+dS = P * (dP - D) with D = rowsum(P * dP) over the *whole* row, which one block does not hold; but that sum is
+rowsum(dout * o) (o = sum over all keys of P v), which each query does hold. Then dq = dS k / sqrt(d) and
+dk = dS^T q / sqrt(d). FlashAttention's backward (Dao et al., arXiv 2205.14135, appendix B.2; FlashAttention-2,
+arXiv 2307.08691, algorithm 2, where D_i = rowsum(dO_i * O_i)).
 """
 
 import torch
 
 
-def merge(o1, l1, o2, l2):
-    """(o1, l1) and (o2, l2), over two disjoint key blocks -> (o, l) over both."""
-    m = torch.maximum(l1, l2)
-    l = m + torch.log(torch.exp(l1 - m) + torch.exp(l2 - m))  # noqa: E741
-    return o1 * torch.exp(l1 - l) + o2 * torch.exp(l2 - l), l
-
-
-def causal_block(q_rank, q_part, k_rank, k_part, world_size, layout):
-    """"full", "diagonal" or "skip": what the causal mask keeps of rank q_rank's chunk q_part x k_rank's k_part."""
-    def chunk(rank, part):
-        return rank if layout == "contiguous" else (rank if part == 0 else 2 * world_size - 1 - rank)
-
-    i, j = chunk(q_rank, q_part), chunk(k_rank, k_part)
-    return "full" if i > j else "diagonal" if i == j else "skip"
+def block_backward(q, k, v, o, lse, dout, diagonal=False):
+    """This block's share of the gradients: dq (.., sq, d) from these keys, dk and dv (.., sk, d) of these keys."""
+    scale = q.shape[-1] ** -0.5
+    scores = q @ k.transpose(-2, -1) * scale
+    if diagonal:  # the same chunk of tokens: a query sees the keys at or before its own place
+        keep = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    p = torch.exp(scores - lse)  # this block's entries of the whole row's softmax
+    dv = p.transpose(-2, -1) @ dout
+    dp = dout @ v.transpose(-2, -1)
+    d = (dout * o).sum(-1, keepdim=True)  # rowsum(P * dP) over the whole row, from what the query holds
+    ds = p * (dp - d)
+    return ds @ k * scale, ds.transpose(-2, -1) @ q * scale, dv

@@ -1,211 +1,242 @@
 """The ring-attention lab's checker (utils/checkers/ring_attention.py) accepts the reference and rejects planted
 wrong answers.
 
-labs/14_ring_attention_lab.ipynb asks for the online-softmax ``merge`` and the causal ``causal_block`` rule of
-ring attention. Each classic mistake is planted here, and the test asserts that the checker names it
-(``LabCheckFailed.mistake``) and says a phrase of its hint. The lab's notebook itself runs in
-tests/test_notebooks.py.
+labs/14_ring_attention_lab.ipynb asks for ``block_backward``: one key block's gradients, recomputed from the output
+and the log-sum-exp, as the fused ring of ``utils.context_parallel.fused_ring`` needs them. Each classic mistake is
+planted here, and the test asserts that the checker names it (``LabCheckFailed.mistake``) and says a phrase of its
+hint. The lab's notebook itself runs in tests/test_notebooks.py.
 """
 
 import functools
 import inspect
 import sys
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from lab_grading import expect_raised, expect_rejection, graded_in_sandbox
+from utils.checkers.ring_attention import CASES, RING_HINTS, _case, check_block_backward, check_ring_attention
+from utils.checkers.rank_secrets import generator
 from utils.course.notebook_runner import ROOT
-from utils.checkers.guard import module_functions
-from utils.checkers.ring_attention import RING_HINTS, _partials, check_ring_attention
-from utils.context_parallel import ring as ring_module
-from utils.context_parallel.ring import merge as the_lesson_merge
 from utils.workshop.sandbox import available
 
 sys.path.insert(0, str(ROOT / "labs"))  # the labs import their reference as `solutions`, from labs/
-from solutions.ring_attention import causal_block, merge  # noqa: E402
+from solutions.ring_attention import block_backward  # noqa: E402
 
 
 def test_large_scores_overflow_a_naive_exp():
-    """The checker's large case is large enough: e^l is inf in float32 there, so a merge must never form it."""
-    ((_, l1), (_, l2)), _ = _partials(40.0, seed=40)
-    assert l1.max() > 89 and l2.max() > 89
-    assert not torch.isfinite(torch.exp(l1)).all() and not torch.isfinite(torch.exp(l2)).all()
+    """The checker's large case is large enough: e^lse is inf in float32 there, so an answer must never form it."""
+    calls, _, lse = _case("large scores", generator(7, 3))
+    assert lse.max() > 89 and not torch.isfinite(torch.exp(calls[0]["lse"])).all()
+
+
+def test_the_reference_passes_on_many_draws():
+    """No right answer rejected by float32's rounding: 300 draws of every case (the check draws new ones each time)."""
+    for seed in range(300):
+        assert len(check_block_backward(block_backward, seed=seed)) == len(CASES)
 
 
 def test_hints_point_without_giving_the_answer():
-    """A hint names the mistake and points to the idea: none gives the merge's formulas or the zig-zag chunk map."""
-    answers = ("exp(l1 - l)", "exp(l2 - l)", "log(e^l1", "e^(l1-m)", "logaddexp", "2n-1-r", "2n - 1 - r", "i > j",
-               "i == j", "chunk r", "subtract the max", "all before", "all after")
+    """A hint names the mistake and points to the idea: none gives the gradients' formulas."""
+    answers = ("rowsum", "row sum", "dout * o", "o * dout", "exp(s - lse)", "exp(scores - lse)", "p * (", "P * (",
+               "dp - ", "transpose(-2, -1) @ dout", "P^T", "dS", "times dout", "sum of dout", "dout times",
+               "product of dout and o", "minus")
     for mistake, hint in RING_HINTS.items():
         assert not [a for a in answers if a in hint], (mistake, hint)
 
 
-# ------------------------------------------------------------------ wrong answers
-
-def naive_merge(o1, l1, o2, l2):
-    """Right at moderate scores; e^l overflows at large ones."""
-    e1, e2 = torch.exp(l1), torch.exp(l2)
-    return (o1 * e1 + o2 * e2) / (e1 + e2), torch.log(e1 + e2)
+# ------------------------------------------------------------------ wrong answers, one per kind
 
 
-def subtracted_lse_merge(o1, l1, o2, l2):
-    """The denominators subtracted, not added: the log of a negative number, nan, wherever l2 > l1."""
-    l = l1 + torch.log1p(-torch.exp(l2 - l1))  # noqa: E741
-    return o1 * torch.exp(l1 - l) + o2 * torch.exp(l2 - l), l
+def _scores(q, k, diagonal):
+    s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+    if diagonal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+    return s
 
 
-def averaged_merge(o1, l1, o2, l2):
-    return (o1 + o2) / 2, torch.logaddexp(l1, l2)
+def _grads(p, q, k, v, dout, d, scale=None):
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    ds = p * (dout @ v.transpose(-2, -1) - d)
+    return ds @ k * scale, ds.transpose(-2, -1) @ q * scale, p.transpose(-2, -1) @ dout
 
 
-def max_lse_merge(o1, l1, o2, l2):
-    l = torch.logaddexp(l1, l2)  # noqa: E741
-    return o1 * torch.exp(l1 - l) + o2 * torch.exp(l2 - l), torch.maximum(l1, l2)
+def without_the_row_term(q, k, v, o, lse, dout, diagonal=False):
+    """dS = P * dP: the softmax's own gradient left out (what autograd gives through exp(s - lse) with lse fixed)."""
+    return _grads(torch.exp(_scores(q, k, diagonal) - lse), q, k, v, dout, 0)
 
 
-def lesson_merge(o1, l1, o2, l2):
-    from utils.context_parallel import merge as lesson
-
-    return lesson((o1, l1), (o2, l2))
-
-
-def sdpa_merge(o1, l1, o2, l2):
-    """Asks torch's attention for something on the side: refused, whatever it does with it."""
-    F.scaled_dot_product_attention(o1, o1, o1)
-    return merge(o1, l1, o2, l2)
+def with_the_blocks_own_lse(q, k, v, o, lse, dout, diagonal=False):
+    """A softmax over the block alone: right when one block holds every key."""
+    s = _scores(q, k, diagonal)
+    p = torch.exp(s - torch.logsumexp(s, -1, keepdim=True))
+    return _grads(p, q, k, v, dout, (dout * o).sum(-1, keepdim=True))
 
 
-def sdpa_through_a_partial(o1, l1, o2, l2):
-    """Bypass 5: a builtin called from C (a partial) emits no c_call for the hook."""
-    functools.partial(F.scaled_dot_product_attention, o1, o1, o1)()
-    return merge(o1, l1, o2, l2)
+def with_the_blocks_own_row_term(q, k, v, o, lse, dout, diagonal=False):
+    """D summed over the block's keys: right when one block holds every key."""
+    p = torch.exp(_scores(q, k, diagonal) - lse)
+    return _grads(p, q, k, v, dout, (p * (dout @ v.transpose(-2, -1))).sum(-1, keepdim=True))
 
 
-def lesson_merge_as_a_thread_target(o1, l1, o2, l2):
-    """Bypass 3: in the ranks only (the kernel's check sees any call into the module), the lesson's merge itself the
-    thread's target: its caller is threading's, not the answer's (only the guard sees it)."""
-    if dist.is_initialized():
-        worker = threading.Thread(target=ring_module.merge, args=((o1, l1), (o2, l2)))
-        worker.start()
-        worker.join()
-    return merge(o1, l1, o2, l2)
+def without_the_mask(q, k, v, o, lse, dout, diagonal=False):
+    return block_backward(q, k, v, o, lse, dout, diagonal=False)
 
 
-def lesson_merge_as_a_pool_task(o1, l1, o2, l2):
-    if dist.is_initialized():
-        with ThreadPoolExecutor(1) as pool:
-            return pool.submit(ring_module.merge, (o1, l1), (o2, l2)).result()
-    return merge(o1, l1, o2, l2)
+def without_the_scale_in_the_scores(q, k, v, o, lse, dout, diagonal=False):
+    p = torch.exp(_scores(q, k, diagonal) * q.shape[-1] ** 0.5 - lse)
+    return _grads(p, q, k, v, dout, (dout * o).sum(-1, keepdim=True))
 
 
-def off_by_one_chunk(q_rank, q_part, k_rank, k_part, world_size, layout):
-    """The diagonal one chunk late: chunk i sees chunk i - 1 as a triangle."""
-    def chunk(rank, part):
-        return rank if layout == "contiguous" else (rank if part == 0 else 2 * world_size - 1 - rank)
-
-    i, j = chunk(q_rank, q_part), chunk(k_rank, k_part)
-    return "full" if i > j + 1 else "diagonal" if i == j + 1 else "skip"
+def without_the_scale_in_the_chain(q, k, v, o, lse, dout, diagonal=False):
+    p = torch.exp(_scores(q, k, diagonal) - lse)
+    return _grads(p, q, k, v, dout, (dout * o).sum(-1, keepdim=True), scale=1.0)
 
 
-def library_pair(q_rank, q_part, k_rank, k_part, world_size, layout):
-    """The library's own rule on the library's chunk map: right, and refused."""
-    from utils.context_parallel import ring
-
-    return ring._pair(ring.chunk_ids(q_rank, world_size, layout)[q_part],
-                      ring.chunk_ids(k_rank, world_size, layout)[k_part], True)
+def dividing_by_e_to_the_lse(q, k, v, o, lse, dout, diagonal=False):
+    """Right at moderate scores; e^lse overflows float32 at large ones."""
+    p = torch.exp(_scores(q, k, diagonal)) / torch.exp(lse)
+    return _grads(p, q, k, v, dout, (dout * o).sum(-1, keepdim=True))
 
 
-def logaddexp_merge(o1, l1, o2, l2):
-    """Finite at any scores without an explicit maximum: accepted (the checker asks for no overflow, not a recipe)."""
-    l = torch.logaddexp(l1, l2)  # noqa: E741
-    return o1 * torch.exp(l1 - l) + o2 * torch.exp(l2 - l), l
+def dq_through_the_wrong_side(q, k, v, o, lse, dout, diagonal=False):
+    """dq from dS^T: a shape error unless the block is as long as the queries; the checker's blocks are not."""
+    dq, dk, dv = block_backward(q, k, v, o, lse, dout, diagonal)
+    return dk, dq, dv
 
 
-def zigzag_second_as_first(q_rank, q_part, k_rank, k_part, world_size, layout):
-    """Compares ranks: right for contiguous, wrong for the zig-zag's second chunk (2n-1-r)."""
-    return "full" if q_rank > k_rank else "diagonal" if q_rank == k_rank else "skip"
+def dk_and_dv_swapped(q, k, v, o, lse, dout, diagonal=False):
+    dq, dk, dv = block_backward(q, k, v, o, lse, dout, diagonal)
+    return dq, dv, dk
 
 
-@pytest.mark.parametrize("wrong_merge, wrong_rule, mistake, phrase", [
-    (naive_merge, causal_block, "overflow", "no huge number"),
-    (subtracted_lse_merge, causal_block, "not_finite", "moderate scores"),  # once overflow, at any scores
-    (averaged_merge, causal_block, "averaged", "not averaged"),
-    (max_lse_merge, causal_block, "lse_max", "not max(l1, l2)"),
-    (lesson_merge, causal_block, "used_library", "off limits"),
-    (the_lesson_merge, causal_block, "used_library", "off limits"),
-    (sdpa_merge, causal_block, "used_library", "scaled_dot_product_attention"),
-    (sdpa_through_a_partial, causal_block, "used_library", "scaled_dot_product_attention"),
-    (lesson_merge_as_a_thread_target, causal_block, "used_library", "called the lesson's merge (utils"),
-    (lesson_merge_as_a_pool_task, causal_block, "used_library", "called the lesson's merge (utils"),
-    (merge, library_pair, "used_library", "chunk_ids (utils.context_parallel.ring)"),
-    (merge, off_by_one_chunk, "off_by_one_chunk", "off by one chunk"),
-    (merge, zigzag_second_as_first, "zigzag_second_chunk", "not the ranks"),
-], ids=["naive_merge", "subtracted_lse_merge", "averaged_merge", "max_lse_merge", "lesson_merge",
-        "the_lesson_merge_itself", "sdpa_merge", "sdpa_through_a_partial", "thread_target_in_ranks",
-        "pool_task_in_ranks", "library_pair", "off_by_one_chunk", "zigzag_second_as_first"])
-def test_rejects(wrong_merge, wrong_rule, mistake, phrase):
-    targets = [(f, f.__code__) for f in module_functions(ring_module)]
+def scaling_dout_in_place(q, k, v, o, lse, dout, diagonal=False):
+    """Right on this block, but the next block gets a scaled dout: the ring hands every block the same tensors."""
+    scale = q.shape[-1] ** -0.5
+    dout.mul_(scale)
+    dq, dk, dv = block_backward(q, k, v, o, lse, dout / scale, diagonal)
+    return dq, dk, dv
+
+
+def torchs_own_backward(q, k, v, o, lse, dout, diagonal=False):
+    """Torch's CPU flash-attention backward, given the saved output and log-sum-exp: the answer, refused."""
+    aten = torch.ops.aten
+    aten._scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, o, lse.squeeze(-1), 0.0, False)
+    return block_backward(q, k, v, o, lse, dout, diagonal)
+
+
+def _flash_backward(q, k, v, o, lse, dout, diagonal):
+    """Torch's CPU flash backward, reached without torch.ops: an operator kept from the JIT's registry."""
+    op = torch._C._jit_get_operation("aten::_scaled_dot_product_flash_attention_for_cpu_backward")[0]
+    return functools.partial(op, dout, q, k, v, o, lse.squeeze(-1), 0.0, diagonal)()
+
+
+def torchs_backward_kept_by_jit(q, k, v, o, lse, dout, diagonal=False):
+    """Past every Python attribute: only the dispatcher sees it (Guard's operators)."""
+    _flash_backward(q, k, v, o, lse, dout, diagonal)
+    return block_backward(q, k, v, o, lse, dout, diagonal)
+
+
+def torchs_backward_in_a_thread(q, k, v, o, lse, dout, diagonal=False):
+    """On a thread of its own, its refusal caught: recorded all the same."""
+    import threading
+
+    def run():
+        try:
+            _flash_backward(q, k, v, o, lse, dout, diagonal)
+        except BaseException:  # noqa: BLE001
+            pass
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    return block_backward(q, k, v, o, lse, dout, diagonal)
+
+
+def torchs_backward_in_the_ranks_only(q, k, v, o, lse, dout, diagonal=False):
+    """Honest in the kernel's checks (float32), torch's backward in the ring (float64), its refusal caught."""
+    if q.dtype == torch.float64:
+        try:
+            _flash_backward(q, k, v, o, lse, dout, diagonal)
+        except BaseException:  # noqa: BLE001
+            pass
+    return block_backward(q, k, v, o, lse, dout, diagonal)
+
+
+def sdpa_through_a_partial(q, k, v, o, lse, dout, diagonal=False):
+    """A builtin called from C (a partial) emits no c_call for the hook: the guard's wrapper sees it."""
+    functools.partial(F.scaled_dot_product_attention, q, k, v)()
+    return block_backward(q, k, v, o, lse, dout, diagonal)
+
+
+def in_float32_only(q, k, v, o, lse, dout, diagonal=False):
+    """Right in float32, the dtype of the checks in the kernel; the ring runs in float64."""
+    return tuple(t.float() for t in block_backward(q, k, v, o, lse, dout, diagonal))
+
+
+@pytest.mark.parametrize("wrong, mistake, phrase", [
+    (without_the_row_term, "softmax_gradient", "sum to zero"),
+    (with_the_blocks_own_lse, "block_lse", "whole row's softmax"),
+    (with_the_blocks_own_row_term, "block_d", "not over this block"),
+    (without_the_mask, "mask", "diagonal one"),
+    (without_the_scale_in_the_scores, "probabilities", "one block holding every key"),
+    (without_the_scale_in_the_chain, "scale", "sqrt(d)"),
+    (dividing_by_e_to_the_lse, "overflow", "no huge number"),
+    (dq_through_the_wrong_side, "not_triple", "three tensors"),
+    (dk_and_dv_swapped, "swapped", "(dq, dk, dv)"),
+    (torchs_backward_kept_by_jit, "used_library", "_scaled_dot_product_flash_attention_for_cpu_backward"),
+    (torchs_backward_in_a_thread, "used_library", "_scaled_dot_product_flash_attention_for_cpu_backward"),
+    (torchs_backward_in_the_ranks_only, "used_library", "rank 0: your block_backward called torch's"),
+    (scaling_dout_in_place, "changed_inputs", "changed dout"),
+    (torchs_own_backward, "used_library", "_scaled_dot_product_flash_attention_for_cpu_backward"),
+    (sdpa_through_a_partial, "used_library", "scaled_dot_product_attention"),
+    (in_float32_only, "wrong_gradient", "keep its inputs' dtype"),
+], ids=lambda x: x.__name__ if callable(x) else None)
+def test_rejects(wrong, mistake, phrase):
     sdpa = F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention
-    expect_rejection(check_ring_attention, wrong_merge, wrong_rule, world_sizes=(2,), mistake=mistake, phrase=phrase)
-    assert [f for f, code in targets if f.__code__ is not code] == []  # every target put back
-    assert (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention) == sdpa
-
-
-def test_detached_merge_gives_wrong_gradients():
-    """A merge that drops the graph passes the merge checks and fails on the ring's gradients."""
-    def detached(o1, l1, o2, l2):
-        o, l = merge(o1, l1, o2, l2)
-        return o.detach(), l.detach()
-
-    expect_rejection(check_ring_attention, detached, causal_block, world_sizes=(2,), mistake="wrong_gradient")
-
-
-def test_a_merge_without_overflow_passes_the_merge_checks():
-    """The large case tests that no exponential overflows, whatever the merge's recipe (here torch.logaddexp)."""
-    from utils.checkers.ring_attention import check_merge
-
-    assert len(check_merge(logaddexp_merge)) == 2
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+    expect_rejection(check_ring_attention, wrong, world_sizes=(2,), mistake=mistake, phrase=phrase)
+    assert (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention) == sdpa  # put back
+    assert torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward is flash
+    q = torch.randn(1, 1, 4, 8)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, q, q)[:2]
+    assert flash(q, q, q, q, out, lse, 0.0, False)[0].shape == q.shape  # its own kernel back
 
 
 # ------------------------------------------------------------------ an exception in the answer's own code
 
 
-def merge_shape_error(o1, l1, o2, l2):
-    return o1 @ o2, l1  # planted: a shape RuntimeError
+def shape_error(q, k, v, o, lse, dout, diagonal=False):
+    return q @ q, k, v  # planted: a shape RuntimeError
 
 
-def merge_raising_in_the_ring(o1, l1, o2, l2):
-    if o1.dtype == torch.float64:  # the ring runs in float64, the merge checks in float32
+def raising_in_the_ring(q, k, v, o, lse, dout, diagonal=False):
+    if q.dtype == torch.float64:  # the ring runs in float64, the checks in the kernel in float32
         raise IndexError("planted: only in the ring")
-    return merge(o1, l1, o2, l2)
+    return block_backward(q, k, v, o, lse, dout, diagonal)
 
 
 @pytest.mark.parametrize("wrong, line", [
-    (merge_shape_error, "return o1 @ o2, l1  # planted"),
-    (merge_raising_in_the_ring, 'raise IndexError("planted: only in the ring")'),
+    (shape_error, "return q @ q, k, v  # planted"),
+    (raising_in_the_ring, 'raise IndexError("planted: only in the ring")'),
 ], ids=["in the kernel", "in the ranks"])
 def test_an_exception_in_the_answer_is_named_with_its_line(wrong, line):
-    expect_raised(check_ring_attention, wrong, causal_block, world_sizes=(2,), line=line)
+    expect_raised(check_ring_attention, wrong, world_sizes=(2,), line=line)
 
 
 # ------------------------------------------------------------------ an answer that replaces the checker's rank function
 
 # Issue 37, part 3: in the grader, the learner's code runs in each rank, beside the checker's rank function, and can
-# replace it. The merge and the rule are checked first, in the answer's process, against what the judge computes, so a
-# forger needs pieces that pass there: here a merge of the right values cut off the graph (the ring's gradients would
-# show it: wrong_gradient). Each rank holds its own tokens of q, k, v only (utils.checkers.rank_secrets), and the
-# checker computes the attention itself: what one rank can compute alone is a mistake, and a report of another shape
-# is not a report.
+# replace it. block_backward is checked first, in the answer's process, against what the judge computes, so a forger
+# needs one that passes there: here the reference's. Each rank holds its own tokens of q, k, v only
+# (utils.checkers.rank_secrets), and the checker computes the attention itself: what one rank can compute alone is a
+# mistake, and a report of another shape is not a report.
 FORGER = '''import torch
 import utils.checkers.ring_attention as _ra
 
 
-def _forged(merge, causal_block, cases, shards):
+def _forged(block_backward, cases, shards):
     import torch.distributed as dist
     from utils.context_parallel.ring import positions
     rank, n, results = dist.get_rank(), dist.get_world_size(), []
@@ -225,11 +256,7 @@ def _forged(merge, causal_block, cases, shards):
 class _Patch:  # in the rank: the checker's own rank function replaced
     _ra._ring.__code__ = _forged.__code__
 
-
-def merge(o1, l1, o2, l2):
-    l = torch.logaddexp(l1, l2)
-    return (o1 * torch.exp(l1 - l) + o2 * torch.exp(l2 - l)).detach(), l.detach()
-'''
+''' + inspect.getsource(block_backward)
 FORGED_RANKS = {
     "its_own_keys_attention": (FORGER.replace("GRAD", "q.grad").replace("REPORT", "report"), "wrong_output"),
     "no_report": (FORGER.replace("GRAD", "q.grad").replace("REPORT", "[]"), "not_a_report"),
@@ -238,7 +265,6 @@ FORGED_RANKS = {
     "a_gradient_of_another_shape": (FORGER.replace("GRAD", "q.grad[..., :1]").replace("REPORT", "report"),
                                     "not_a_report"),
 }
-RULE = inspect.getsource(causal_block)  # the reference's rule: it passes, as the forger needs
 
 
 @pytest.mark.skipif(available() is not None, reason="the grader's sandbox (bubblewrap) does not run here")
@@ -246,6 +272,5 @@ RULE = inspect.getsource(causal_block)  # the reference's rule: it passes, as th
 def test_an_answer_that_replaces_the_checkers_rank_function_does_not_pass(tmp_path, kind):
     source, wanted = FORGED_RANKS[kind]
     lab = "14_ring_attention_lab"
-    verdict = graded_in_sandbox(tmp_path, lab, {"merge": source, "causal_block": RULE})
-    # not wrong_gradient, what its merge gives in the checker's own rank function: the forged function ran instead
+    verdict = graded_in_sandbox(tmp_path, lab, {"block_backward": source})
     assert verdict.verdict == "mistake" and verdict.mistake == wanted, (verdict.label, verdict.message[:2000])

@@ -34,7 +34,7 @@
 - ``pipeline_schedule``: lab 06, ``check_interleaved``.
 - ``plan_3d``: lab 09, ``check_choose_plan``, ``check_plan_run``.
 - ``hang_debugging``: labs 11a and 11b, ``check_diagnosis``, ``check_fix``.
-- ``ring_attention``: lab 14, ``check_merge``, ``check_causal_block``, ``check_ring_attention``.
+- ``ring_attention``: lab 14, ``check_block_backward``, ``check_ring_attention``.
 - ``labs``: every lab in one table (``LABS``): its notebook, the names a learner writes, the checks that
   grade them; ``answers_from_notebook`` runs only a lab notebook's definitions, ``defined_names`` reads them
   without running anything.

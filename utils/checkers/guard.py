@@ -16,6 +16,10 @@ the hook off unseen (and puts it back afterwards); a pool thread started before 
   checker's own module) the original function runs; any other frame (the learner's, code run by ``exec``, another
   module of ``utils`` such as the harness that calls the answer), or no frame at all (a thread's target, a pool's
   task), is recorded;
+- ``operators``: a torch operator (``aten::_scaled_dot_product_flash_attention_for_cpu_backward``) gets a kernel of
+  its own on the CPU and CUDA dispatch keys (``torch.library``), which records the call and raises: whatever path
+  reaches the operator (``torch.ops``, an ``OpOverload`` kept in a variable, ``torch._C._jit_get_operation``, a
+  thread) goes through the dispatcher, and meets it. ``allow_from`` does not apply to them;
 - a builtin has no ``__code__`` (``F.scaled_dot_product_attention``): it is replaced by a recording wrapper on the
   modules torch exposes it from, for the duration. A reference taken *before* the call (``sdpa = F.scaled_...`` at a
   cell's top level) still reaches the builtin: only the hook sees that call (a ``c_call``), and not when it is made
@@ -118,8 +122,9 @@ class Guard:
     """While on (a context manager): ``functions``, (function, label) pairs, tripped in place; ``attributes``,
     (owner, name, label) triples, each replaced by a recording wrapper. ``records``: the labels of the calls made."""
 
-    def __init__(self, functions=(), attributes=(), allow_from=()):
-        self.functions, self.attributes = list(functions), list(attributes)
+    def __init__(self, functions=(), attributes=(), allow_from=(), operators=()):
+        self.functions, self.attributes, self.operators = list(functions), list(attributes), list(operators)
+        self._library = None
         self.allow_from = frozenset(os.path.abspath(f) for f in allow_from)
         self.records, self._undo = [], []
         for fn, _ in self.functions:  # the stubs made now, before any hook watches
@@ -148,13 +153,40 @@ class Guard:
 
                 self._undo.append((owner, name, value, key))
                 setattr(owner, name, wrapper)
+            self._refuse_operators()
         except BaseException:
             self._restore()
             threading.excepthook = self._excepthook
             raise
         return self
 
+    def _refuse_operators(self):
+        """Each of ``operators`` ((qualified name, label) pairs) refused on the CPU and CUDA dispatch keys."""
+        if not self.operators:
+            return
+        import warnings
+
+        import torch
+
+        self._library = torch.library.Library("aten", "IMPL")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns that a kernel is overridden: on purpose, for the call
+            for name, label in self.operators:
+                namespace, op = name.split("::")
+                if namespace != "aten":
+                    raise ValueError(f"{name}: Guard refuses aten operators only")
+
+                def kernel(*args, _label=label, **kwargs):
+                    self.records.append(_label)
+                    raise Refused(_label)
+
+                for dispatch_key in ("CPU", "CUDA"):
+                    self._library.impl(op, kernel, dispatch_key)
+
     def _restore(self):
+        if self._library is not None:
+            self._library._destroy()  # the operators' own kernels back
+            self._library = None
         while self._undo:
             owner, name, value, key = self._undo[-1]
             setattr(owner, name, value)  # first, then forget it: an interrupt in between leaves nothing tripped

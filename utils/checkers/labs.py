@@ -133,9 +133,9 @@ LABS = {lab.name: lab for lab in (
     Lab("11a_collective_hangs_lab", "hang_debugging", tuple(_fix(p) for p in "ABC")),
     Lab("11b_send_and_ddp_hangs_lab", "hang_debugging", tuple(_fix(p) for p in "DEF")),
     Lab("14_ring_attention_lab", "ring_attention", (
-        Part("merge and causal_block in ring attention", ("merge", "causal_block"),
+        Part("block_backward in the fused ring", ("block_backward",),
              "ring_attention:check_ring_attention",
-             lambda check, a, n, smoke: check(a["merge"], a["causal_block"],
+             lambda check, a, n, smoke: check(a["block_backward"],
                                               world_sizes=check_world_sizes((2, 3) if smoke else (2, 3, 4), n, smoke),
                                               timeout=60), timeout=240),
     )),

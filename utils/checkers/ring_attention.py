@@ -1,205 +1,242 @@
-"""The checker of lab 14 (ring attention): the learner's online-softmax merge and causal block rule, in the ring.
+"""The checker of lab 14 (ring attention's fused backward): the learner's gradients of one key block, in the ring.
 
-Used by ``labs/14_ring_attention_lab.ipynb``. Lesson 14 runs ``utils.context_parallel.ring_attention``; the lab has
-the learner write its two pieces:
+Used by ``labs/14_ring_attention_lab.ipynb``. ``utils.context_parallel.fused_ring`` keeps only the output and each
+query's log-sum-exp from forward and recomputes every block in backward; the lab has the learner write that block's
+gradients:
 
-- ``merge(o1, l1, o2, l2) -> (o, l)``: two partial attention results (normalised output, log-sum-exp) over
-  disjoint key blocks, combined exactly;
-- ``causal_block(q_rank, q_part, k_rank, k_part, world_size, layout) -> "full" | "diagonal" | "skip"``: what a causal
-  mask keeps of a (query chunk, key chunk) pair, for the contiguous and zig-zag layouts.
+- ``block_backward(q, k, v, o, lse, dout, diagonal=False) -> (dq, dk, dv)``: q, o, dout (.., sq, d) and lse
+  (.., sq, 1) are a rank's queries, their output and log-sum-exp over the *whole* sequence and the output's gradient;
+  k, v (.., sk, d) one block of keys and values, ``diagonal`` when it is the queries' own chunk (the causal
+  triangle). Returns the block's share of dq, and dk, dv of the block's keys and values from these queries.
 
-Same conventions as ``utils.checkers.common``. In order:
+Nothing in the release computes that: the checker judges it by results, against autograd's gradients of the same
+attention, and by a property of the softmax, never by a formula of its own. Same conventions as
+``utils.checkers.common``. In order:
 
-1. **own work**: the lesson's ring module (``utils.context_parallel.ring``: its ``merge``, its own causal rule
-   ``_pair``, ``chunk_ids``, ``shard``...) and ``F.scaled_dot_product_attention`` are off limits: a call into either
-   while the learner's functions run is refused (``used_library``), seen by the profile hook and by the guard that
-   trips them in place (``utils.checkers.guard``: an alias, a ``partial``, a thread's target or a pool's task too);
-2. **merge**, in this process, float32: at moderate scores against attention over both blocks, then at scores whose
-   log-sum-exps exceed ~88.7, where e^l overflows float32 (the range is printed): the merge must not overflow;
-3. **causal_block** on every pair of 2, 3, 4 ranks and both layouts, against the rule on global chunk indices;
-4. **the ring** on 2, 3, 4 (and WORLD_SIZE) CPU ranks with the learner's pieces inside
-   ``ring_attention(merge_fn=, block_rule=)``, causal, both layouts, and full attention: outputs and the gradients
-   of q, k, v equal one process's attention. The q, k, v are random, new at every check, and each rank gets its own
-   tokens of them only (``rank_secrets``: in its ``rank_args``, never in what every rank gets), so no rank can compute
-   its output and gradients alone: an answer that replaces this module's rank function still has to pass the keys and
-   values between its ranks. The checker computes the attention itself; the ranks report only what they observed.
+1. **own work**: torch's attention (``F.scaled_dot_product_attention`` and the ``aten`` attention operators, whose
+   backward ops compute exactly this) is off limits: a call is refused (``used_library``), seen by the profile hook
+   and by the guard (``utils.checkers.guard``);
+2. **block_backward** in this process, float32 inputs: one block holding every key, three uneven blocks, a causal
+   pair (an earlier chunk and the diagonal one), and scores whose exponentials overflow float32 (the range is
+   printed). Each block's (dq, dk, dv) against autograd's, which computes one leaf copy of q per block
+   (``_case``): the diagnosis reads which gradient is wrong and where, and whether the keys' gradients sum to zero
+   over a row (shifting every key by one vector changes no softmax);
+3. **the ring** on 2, 3, 4 (and WORLD_SIZE) ranks (gloo on CPU; NCCL where there is a GPU per rank), ``fused_ring_attention`` with the learner's function,
+   causal in both layouts and full: the output and the gradients of q, k, v equal one process's attention. The q, k,
+   v are random, new at every check, and each rank gets its own tokens of them only (``rank_secrets``: in its
+   ``rank_args``), so no rank can compute its gradients alone: an answer that replaces this module's rank function
+   still has to pass the keys, values and their gradients between its ranks. The checker computes the attention
+   itself; the ranks report only what they observed.
 """
 
 import math
 
 import torch
 
-from ..context_parallel import ring as ring_module
-from ..context_parallel.ring import chunk_ids, ring_attention, shard, unshard
+from ..context_parallel.fused_ring import fused_ring_attention
+from ..context_parallel.ring import shard, unshard
 from ..launch import rank_device
 from .answer_side import answer_side
 from .common import CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error, watched_call
-from .rank_secrets import generator, new_seeds, refuse, report_each, tensors_like
-from .guard import Guard, Refused, code_key, module_functions
+from .guard import Guard, Refused
 from .harness import is_learners
+from .rank_secrets import generator, new_seeds, refuse, report_each, tensors_like
 from .watch import Watcher, refuse_tampering
 
-RING_HINTS = {  # each names the mistake and points to the idea; none gives the formula or the chunk map
-    "used_library": "write the merge and the rule yourself: the lesson's ring module (utils.context_parallel: its "
-                    "merge, its causal rule, chunk_ids, shard) and F.scaled_dot_product_attention compute the answer "
-                    "for you and are off limits in this lab.",
-    "not_pair": "merge must return a pair (o, l): o shaped like o1, l shaped like l1.",
-    "lse_max": "l is not max(l1, l2): the smaller block still holds part of the softmax mass. l is the log of the "
-               "softmax's denominator over both blocks; Step 1 says what that denominator is.",
-    "lse_wrong": "l is not the log-sum-exp over both blocks: reread Step 1 for the softmax's denominator over both, "
-                 "and take its log.",
-    "averaged": "the outputs are not averaged: each block's output counts by the share of the softmax mass its "
-                "block holds, and the two shares sum to 1.",
-    "weights": "l is right but o is not: weight each block's output by its block's share of the denominator over "
-               "both blocks (Step 1); the two weights must sum to 1.",
-    "overflow": "an exponential overflowed float32 (above ~88.7) at scores this large: your merge forms a number "
-                "as large as e^l on the way. The weights you need are ratios of such numbers and lie between 0 and "
-                "1: can you write them so that no huge number is ever formed?",
-    "not_finite": "your merge returned inf or nan at moderate scores, where no exponential overflows: look for "
-                  "a log of 0 or of a negative number (a difference where Step 1 has a sum?) or a division by 0.",
-    "not_kind": "causal_block returns one of the strings \"full\", \"diagonal\" or \"skip\".",
-    "off_by_one_chunk": "your rule is off by one chunk, at the diagonal: which key chunk holds a query chunk's own "
-                        "tokens, and which is the first that it sees in full?",
-    "zigzag_second_chunk": "right except on the zig-zag layout's part 1: a rank's second chunk does not sit at the "
-                           "rank's own place in the sequence. Compare the chunks' places in the sequence, not the "
-                           "ranks (Step 2 prints where each part sits).",
-    "causal_rule": "your rule gives the wrong kind for the pair below, on both layouts or on the contiguous one: "
-                   "find both chunks' places in the sequence for the layout (Step 2), and decide from those places "
-                   "what the causal mask keeps.",
-    "wrong_output": "the ring's output differs from one process's attention although merge and the rule pass "
-                    "the checks above (in float32): the ring runs in float64; does merge keep its inputs' dtype "
-                    "and use nothing but its four arguments?",
-    "wrong_gradient": "the outputs agree but the gradients of q, k, v do not: keep merge differentiable, o and l "
-                      "computed from its four arguments by operations autograd records (no detach, no torch.no_grad).",
-    "deadlock": "the ring never finished: your functions must return on every rank without waiting for anything.",
+RING_HINTS = {  # each names the mistake and points to the idea; none gives the gradients' formulas
+    "used_library": "write the gradients yourself: torch's attention (F.scaled_dot_product_attention and the aten "
+                    "attention operators, whose backward ops compute exactly this) is off limits in this lab.",
+    "not_triple": "block_backward returns three tensors (dq, dk, dv): dq shaped like q, dk like k, dv like v.",
+    "changed_inputs": "block_backward changed a tensor it was given: the ring hands the same q, o, lse and dout to "
+                      "every block, and the same k, v to every rank. Compute into new tensors.",
+    "overflow": "inf or nan at scores this large: an exponential overflowed float32 (above ~88.7). The "
+                "probabilities you need lie between 0 and 1: form them so that no huge number appears on the way.",
+    "not_finite": "inf or nan at moderate scores, where no exponential overflows: look for a log of 0, a division "
+                  "by 0, or a mask that leaves -inf where a product or a sum takes it.",
+    "probabilities": "dv is wrong already with one block holding every key, where dv comes from the chain rule "
+                     "through o = P v alone: the probabilities are. Recompute the scores as the forward did (the "
+                     "scale 1/sqrt(d); a mask only when diagonal is true) and turn them into the whole row's "
+                     "softmax with what the forward saved.",
+    "swapped": "your dk is autograd's dv and your dv its dk: return them in the order (dq, dk, dv).",
+    "block_lse": "right with one block, wrong with several: each block's probabilities must be its entries of the "
+                 "whole row's softmax, not a softmax over the block alone. The forward saved what normalises over "
+                 "the whole row.",
+    "mask": "right on full blocks, wrong on the diagonal one: there a query sees only the keys at or before its own "
+            "place, and the masked entries must have probability 0.",
+    "softmax_gradient": "dv is right but the keys' gradients do not sum to zero: shifting every key by the same "
+                        "vector adds the same number to a query's every score, which changes no softmax, so they "
+                        "must. The gradient through a softmax needs one number per query over its whole row, which "
+                        "one block does not hold: which of the tensors you were given holds it, and how does it "
+                        "enter the gradient of each score?",
+    "block_d": "right with one block, wrong with several, and dv is right, but the keys' gradients do not sum to "
+               "zero over a row (shifting every key by one vector changes no softmax, so they must): the number "
+               "per query that the gradient through the softmax needs is over the whole row, not over this "
+               "block's keys. Which of the tensors you were given holds it?",
+    "scale": "dq or dk is off by a factor sqrt(d): the scores are q k^T / sqrt(d), and the chain rule carries that "
+             "factor into both.",
+    "gradients": "dv is right but dq or dk is not: go through the chain rule from the scores to q and to k again "
+                 "(which side of the product, which transpose).",
+    "wrong_output": "the ring's output differs from one process's attention: the forward is the lesson's ring, so "
+                    "only a report of another shape gets here.",
+    "wrong_gradient": "your gradients pass the checks above, but the ring's dq, dk or dv differ from one process's: "
+                      "the ring runs in float64; does block_backward keep its inputs' dtype, and use "
+                      "nothing but its arguments (no state kept between calls)?",
+    "deadlock": "the ring never finished: your function must return on every rank without waiting for anything.",
 }
-LAYOUTS = ("contiguous", "zigzag")
-ANSWER_TOL = dict(rtol=1e-4, atol=1e-5)
+ANSWER_TOL = 1e-3  # float32 answer vs float64 autograd: the largest error, against the largest gradient (a wrong
+# formula misses by the whole; float32 rounding at the large scores reaches 1e-4, 2,000 draws)
 RING_TOL = dict(rtol=1e-6, atol=1e-8)  # float64 ring vs float64 attention
+CASES = {  # name: key block sizes, the diagonal block's index (causal) or None, a shift of the scores
+    "one block": ((12,), None, 0.0),
+    "three blocks": ((5, 4, 3), None, 0.0),
+    "causal": ((6, 6), 1, 0.0),  # an earlier chunk in full, then the queries' own chunk (6 queries)
+    "large scores": ((5, 7), None, 100.0),  # log-sum-exps from about -20 to 250, above 88.7 in every draw (2,000
+    # measured): e^lse overflows float32 there
+}
+
+
+def _near(got, want, i, factor=1.0):
+    """Gradient ``i`` (0 dq, 1 dk, 2 dv) of every block equal to ``factor`` times autograd's within float32's rounding:
+    the largest error at most ``ANSWER_TOL`` of that gradient's largest entry over the case's blocks (at large scores the gradients range over
+    orders of magnitude, and a block's share may be tiny; a wrong formula misses by the whole)."""
+    largest = max(w[i].abs().max().item() for w in want) * factor
+    return max((g[i] - w[i] * factor).abs().max().item() for g, w in zip(got, want)) <= ANSWER_TOL * largest + 1e-7
+
+
+def _is_attention(event, arg):
+    return event == "c_call" and "attention" in getattr(arg, "__name__", "")
 
 
 def _guard():
-    """The ring module's functions tripped, and SDPA replaced where torch exposes it: refused when the learner's code
-    (or a thread, a pool) calls them, run when the course's code does (the lesson's ring runs the learner's merge)."""
+    """Every aten attention operator refused at the dispatcher, however it is reached (``Guard``'s operators), and
+    SDPA replaced where torch exposes it, for the call."""
     import torch.nn.functional as F
 
-    functions = [(f, f"the lesson's {f.__qualname__} (utils.context_parallel.ring)")
-                 for f in module_functions(ring_module)]
-    sdpa = [(owner, "scaled_dot_product_attention", "F.scaled_dot_product_attention") for owner in (F, torch._C._nn)]
-    return Guard(functions, sdpa, allow_from=(ring_module.__file__, __file__))  # the ring itself, this checker
+    attributes = [(owner, "scaled_dot_product_attention", "F.scaled_dot_product_attention")
+                  for owner in (F, torch._C._nn)]
+    operators = [(name, f"torch's {name.split('::')[1]}") for name in torch._C._dispatch_get_all_op_names()
+                 if name.startswith("aten::") and "attention" in name]
+    return Guard((), attributes, operators=operators)
 
 
 @answer_side
-def _own(fn, *args):
-    """``fn(*args)``, refused when it called into the lesson's ring module or scaled_dot_product_attention."""
+def _own(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, refused when it called torch's attention."""
     __tracebackhide__ = True
-    lesson = ring_module.__file__.replace("\\", "/")
 
     def forbidden(frame, event, arg):
-        where = frame.f_code.co_filename.replace("\\", "/")
-        if event == "call" and where == lesson:  # merge, _pair, chunk_ids, shard, ...: the lesson's ring module
-            return f"the lesson's {frame.f_code.co_name} (utils.context_parallel.ring)"
-        if event == "c_call" and "scaled_dot_product_attention" in getattr(arg, "__name__", ""):
-            return "F.scaled_dot_product_attention"
+        if _is_attention(event, arg):
+            return f"torch's {arg.__name__}"
 
-    if hasattr(fn, "__code__") and code_key(fn.__code__) == code_key(ring_module.merge.__code__):  # or a copy
-        fail(RING_HINTS, "used_library", "your merge is the lesson's merge from utils.context_parallel.")
-    out, seen = watched_call(fn, args, forbidden, where=f"{getattr(fn, '__name__', 'your function')}(...)",
-                             hints=RING_HINTS, guard=_guard())
+    out, seen = watched_call(lambda: fn(*args, **kwargs), (), forbidden,
+                             where=f"{getattr(fn, '__name__', 'your function')}(...)", hints=RING_HINTS,
+                             guard=_guard())
     if seen:
         fail(RING_HINTS, "used_library", f"{getattr(fn, '__name__', 'your function')} called {seen}.")
     return out
 
 
-def _partials(scale, seed):
-    """Two real partial results (o, l) of 6 queries over two blocks of 5 and 7 keys, float32; and the exact pair."""
-    g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(2, 6, 8, generator=g, dtype=torch.float64) for _ in range(3))
-    k = torch.cat([k, torch.randn(2, 6, 8, generator=g, dtype=torch.float64)], 1)  # 12 keys
-    v = torch.cat([v, torch.randn(2, 6, 8, generator=g, dtype=torch.float64)], 1)
-    scores = q @ k.transpose(-2, -1) * scale
-    scores[..., 5:] += scale  # the second block's scores sit higher: unequal weights
-    parts = []
-    for sl in (slice(0, 5), slice(5, 12)):  # uneven blocks: 5 and 7 keys
-        l = torch.logsumexp(scores[..., sl], -1, keepdim=True)  # noqa: E741
-        parts.append((torch.exp(scores[..., sl] - l) @ v[..., sl, :], l))
-    l = torch.logsumexp(scores, -1, keepdim=True)  # noqa: E741
-    exact = (torch.exp(scores - l) @ v, l)
-    return [(o.float(), l.float()) for o, l in parts], exact
+def _case(name, g):
+    """Case ``name``: the inputs of each block's call (float32) and autograd's (dq, dk, dv) of each block (float64).
+
+    One leaf copy of q per block, so that autograd gives each block's share of dq; the scores of every block
+    concatenated along the row, the diagonal block's causal triangle masked: attention over all the keys, as one
+    process computes it. ``shift``: every key gets ``shift`` along its first axis and every query about 3, so that
+    each row's scores all rise by about 3 shift / sqrt(d): large log-sum-exps, and a softmax as spread out as at
+    moderate scores (a near one-hot softmax would leave float32's rounding larger than the gradients)."""
+    sizes, diagonal, shift = CASES[name]
+    sq, d = 6, 8
+
+    def randn(*shape):
+        return torch.randn(2, 2, *shape, generator=g, dtype=torch.float64)
+
+    q, dout, lift = randn(sq, d), randn(sq, d), torch.zeros(d, dtype=torch.float64)
+    lift[0] = 1.0
+    q = q + 3 * lift * bool(shift)
+    ks = [(randn(m, d) + shift * lift).requires_grad_() for m in sizes]
+    vs = [randn(m, d).requires_grad_() for m in sizes]
+    qs = [q.clone().requires_grad_() for _ in sizes]
+    scores = []
+    for b, (q_b, k_b) in enumerate(zip(qs, ks)):
+        s = q_b @ k_b.transpose(-2, -1) / math.sqrt(d)
+        if b == diagonal:
+            s = s.masked_fill(~torch.ones(sq, sizes[b], dtype=torch.bool).tril(), float("-inf"))
+        scores.append(s)
+    scores = torch.cat(scores, -1)
+    lse = torch.logsumexp(scores, -1, keepdim=True)
+    o = torch.softmax(scores, -1) @ torch.cat(vs, -2)
+    (o * dout).sum().backward()
+    calls = [dict(q=q.float(), k=k.detach().float(), v=v.detach().float(), o=o.detach().float(),
+                  lse=lse.detach().float(), dout=dout.float(), diagonal=b == diagonal)
+             for b, (k, v) in enumerate(zip(ks, vs))]
+    return calls, [(q_b.grad, k.grad, v.grad) for q_b, k, v in zip(qs, ks, vs)], lse
 
 
-def check_merge(merge):
-    """The merge alone, in this process: moderate scores, then scores whose exponentials overflow float32."""
+def _answers(block_backward, calls, name):
+    """The answer on each block of a case: (dq, dk, dv) in float64, its shape and its inputs checked."""
     __tracebackhide__ = True
-    lines = []
-    for scale, what in ((1.0, "moderate scores"), (40.0, "large scores (e^l overflows float32 above ~88.7)")):
-        ((o1, l1), (o2, l2)), (o, l) = _partials(scale, seed=int(scale))
-        what = f"{what}, l1 in [{l1.min():.1f}, {l1.max():.1f}], l2 in [{l2.min():.1f}, {l2.max():.1f}]"
-        out = _own(merge, o1, l1, o2, l2)
-        if not isinstance(out, tuple | list) or len(out) != 2 or not all(isinstance(t, torch.Tensor) for t in out) \
-                or out[0].shape != o1.shape or out[1].shape != l1.shape:
-            fail(RING_HINTS, "not_pair", f"merge returned {type(out).__name__}; expected (o {tuple(o1.shape)}, "
-                                         f"l {tuple(l1.shape)}).")
-        got_o, got_l = (t.double() for t in out)
-        if not (torch.isfinite(got_o).all() and torch.isfinite(got_l).all()):
-            fail(RING_HINTS, "overflow" if scale > 1 else "not_finite", f"at {what}, your merge returned "
-                                         f"{int((~torch.isfinite(got_o)).sum())} non-finite entries of o and "
-                                         f"{int((~torch.isfinite(got_l)).sum())} of l.")
-        if not close(got_l, l, ANSWER_TOL):
-            mistake = "lse_max" if close(got_l, torch.maximum(l1, l2).double(), ANSWER_TOL) else "lse_wrong"
-            fail(RING_HINTS, mistake, f"at {what}: l[0, 0] = {got_l[0, 0, 0]:.4f}, log(e^l1 + e^l2) = "
-                                      f"{l[0, 0, 0]:.4f} (l1 = {l1[0, 0, 0]:.4f}, l2 = {l2[0, 0, 0]:.4f}).")
-        if not close(got_o, o, ANSWER_TOL):
-            mistake = "averaged" if close(got_o, (o1 + o2).double() / 2, ANSWER_TOL) else "weights"
-            fail(RING_HINTS, mistake, f"at {what}: o differs from attention over both blocks by up to "
-                                      f"{(got_o - o).abs().max():.3g}.")
-        lines.append(f"merge at {what}: o and l equal attention over both blocks (max error "
-                     f"{(got_o - o).abs().max():.1e})")
+    got = []
+    for b, call in enumerate(calls):
+        before = {key: t.clone() for key, t in call.items() if isinstance(t, torch.Tensor)}
+        out = _own(block_backward, **call)
+        if not isinstance(out, tuple | list) or len(out) != 3 or not all(isinstance(t, torch.Tensor) for t in out) \
+                or [tuple(t.shape) for t in out] != [tuple(call[x].shape) for x in "qkv"]:
+            shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                      for t in (out if isinstance(out, tuple | list) else [out])]
+            fail(RING_HINTS, "not_triple", f"{name}, block {b}: block_backward returned {shapes}; expected dq "
+                                           f"{tuple(call['q'].shape)}, dk {tuple(call['k'].shape)}, dv "
+                                           f"{tuple(call['v'].shape)}.")
+        changed = [key for key, t in before.items() if not torch.equal(t, call[key])]
+        if changed:
+            fail(RING_HINTS, "changed_inputs", f"{name}, block {b}: block_backward changed {', '.join(changed)}.")
+        got.append(tuple(t.detach().double() for t in out))
+    return got
+
+
+def _diagnose(name, got, want, passed):
+    """The mistake, from which gradient is wrong, where (``passed``: the cases before), and the keys' sum."""
+    __tracebackhide__ = True
+    worst = {x: max((g[i] - w[i]).abs().max().item() for g, w in zip(got, want)) for i, x in enumerate("qkv")}
+    what = f"{name}: max error dq {worst['q']:.3g}, dk {worst['k']:.3g}, dv {worst['v']:.3g}"
+    if _near(got, want, 0) and all(_near([g[a:a + 1] for g in got], [w[b:b + 1] for w in want], 0)
+                                   for a, b in ((1, 2), (2, 1))):
+        fail(RING_HINTS, "swapped", what + ".")
+    if not _near(got, want, 2):
+        mistake = "block_lse" if name == "three blocks" and passed else "mask" if name == "causal" else \
+            "probabilities"
+        fail(RING_HINTS, mistake, what + ".")
+    key_sum = sum(g[1].sum(-2) for g in got)  # over every key of the row: zero for any gradient of a softmax
+    size = sum(g[1].abs().sum(-2) for g in got)
+    if key_sum.abs().max() > ANSWER_TOL * size.max() + 1e-6:
+        mistake = "block_d" if name == "three blocks" and passed else "softmax_gradient"
+        fail(RING_HINTS, mistake, f"{what}; the keys' gradients sum to up to {key_sum.abs().max():.3g} over a row.")
+    root = math.sqrt(want[0][0].shape[-1])
+    for factor in (root, 1 / root):
+        if all(_near(got, want, i, factor) for i in (0, 1) if not _near(got, want, i)):
+            fail(RING_HINTS, "scale", what + f" (yours are the right ones times {factor:.3g}).")
+    fail(RING_HINTS, "gradients", what + ".")
+
+
+def check_block_backward(block_backward, seed=None):
+    """The answer alone, in this process, on each case of ``CASES``: against autograd's gradients of each block."""
+    __tracebackhide__ = True
+    seed = new_seeds(1)[0] if seed is None else seed
+    lines, passed = [], []
+    for c, name in enumerate(CASES):
+        calls, want, lse = _case(name, generator(seed, c))
+        got = _answers(block_backward, calls, name)
+        if not all(torch.isfinite(t).all() for g in got for t in g):
+            fail(RING_HINTS, "overflow" if CASES[name][2] else "not_finite",
+                 f"{name} (log-sum-exp in [{lse.min():.1f}, {lse.max():.1f}]): block_backward returned "
+                 f"{sum(int((~torch.isfinite(t)).sum()) for g in got for t in g)} non-finite entries.")
+        if not all(_near(got, want, i) for i in range(3)):
+            _diagnose(name, got, want, passed)
+        passed.append(name)
+        err = max((g[i] - w[i]).abs().max().item() for g, w in zip(got, want) for i in range(3))
+        lines.append(f"block_backward, {name} ({len(calls)} block{'s' * (len(calls) > 1)} of "
+                     f"{', '.join(str(x['k'].shape[-2]) for x in calls)} keys; log-sum-exp in [{lse.min():.1f}, "
+                     f"{lse.max():.1f}]): dq, dk, dv equal autograd's, max error {err:.1e}")
     return lines
-
-
-def _chunk(rank, part, n, layout):
-    return chunk_ids(rank, n, layout)[part]
-
-
-def _rule(i, j, length=3):
-    """What a causal mask keeps of query chunk i x key chunk j, read off the mask itself: tokens at positions
-    i*length.. and j*length.., a query seeing the keys at or before its place."""
-    kept = torch.arange(i * length, (i + 1) * length)[:, None] >= torch.arange(j * length, (j + 1) * length)[None, :]
-    return "full" if kept.all() else "skip" if not kept.any() else "diagonal"
-
-
-def check_causal_block(causal_block, world_sizes=(2, 3, 4)):
-    """The rule on every (query rank, part, key rank, part) of each world size and layout."""
-    __tracebackhide__ = True
-    pairs = 0
-    for n in world_sizes:
-        for layout in LAYOUTS:
-            parts = range(len(chunk_ids(0, n, layout)))
-            wrong = []
-            for qr in range(n):
-                for qp in parts:
-                    for kr in range(n):
-                        for kp in parts:
-                            got = _own(causal_block, qr, qp, kr, kp, n, layout)
-                            if got not in ("full", "diagonal", "skip"):
-                                fail(RING_HINTS, "not_kind", f"causal_block({qr}, {qp}, {kr}, {kp}, {n}, "
-                                                             f"{layout!r}) returned {got!r}.")
-                            i, j = _chunk(qr, qp, n, layout), _chunk(kr, kp, n, layout)
-                            pairs += 1
-                            if got != _rule(i, j):
-                                wrong.append((qr, qp, kr, kp, i, j, got))
-            if wrong:
-                qr, qp, kr, kp, i, j, got = wrong[0]
-                what = (f"{len(wrong)} pairs wrong on {n} ranks, {layout}; first: causal_block({qr}, {qp}, {kr}, "
-                        f"{kp}, {n}, {layout!r}) = {got!r}, query chunk {i} x key chunk {j} is {_rule(i, j)!r}.")
-                if layout == "zigzag" and all(w[1] == 1 or w[3] == 1 for w in wrong):
-                    fail(RING_HINTS, "zigzag_second_chunk", what)
-                if all(abs(w[4] - w[5]) <= 1 for w in wrong):
-                    fail(RING_HINTS, "off_by_one_chunk", what)
-                fail(RING_HINTS, "causal_rule", what)
-    return [f"causal_block: {pairs} (query chunk, key chunk) pairs right on {list(world_sizes)} ranks, "
-            f"contiguous and zig-zag"]
 
 
 def _full_attention(q, k, v, causal):
@@ -210,49 +247,44 @@ def _full_attention(q, k, v, causal):
     return torch.softmax(scores, -1) @ v
 
 
-def _case(seed, index, n):
-    """Case ``index``'s q, k, v and the gradient of the output, from the checker's ``seed`` (``rank_secrets``)."""
+def _ring_case(seed, index, n):
+    """Ring case ``index``'s q, k, v and the gradient of the output, from the checker's ``seed`` (``rank_secrets``)."""
     g = generator(seed, index)
     s = 4 * n  # 2n zig-zag chunks of 2 tokens
     return [torch.randn(2, 2, s, 8, generator=g, dtype=torch.float64) * 2 for _ in range(4)]  # q, k, v, dout
 
 
 def _called_by_answer(frame, event, arg):
-    """In the ranks, where the ring itself is the lesson's: a call into it (or to SDPA) made *from* the answer."""
-    lesson = ring_module.__file__.replace("\\", "/")
-    if event == "call" and frame.f_code.co_filename.replace("\\", "/") == lesson and frame.f_back is not None \
-            and is_learners(frame.f_back.f_code.co_filename):
-        return f"the lesson's {frame.f_code.co_name} (utils.context_parallel.ring)"
-    if event == "c_call" and "scaled_dot_product_attention" in getattr(arg, "__name__", "") \
-            and is_learners(frame.f_code.co_filename):
-        return "F.scaled_dot_product_attention"
+    """In the ranks: torch's attention called from the answer's code."""
+    if _is_attention(event, arg) and is_learners(frame.f_code.co_filename):
+        return f"torch's {arg.__name__}"
 
 
 RING_REPORT = dict(error=(tuple, type(None)), results=list, seen=(str, type(None)), tampered=list)  # what _ring reports
 
 
-def _ring(merge, causal_block, cases, shards):
-    """Runs on every rank: each case's ring with the learner's pieces, watched (the calls the answer makes, on every
-    thread); this rank's output and gradients. ``shards``: this rank's own tokens of each case's q, k, v and output
-    gradient (``rank_args``). Reports what it saw (``RING_REPORT``); the expected values are the checker's."""
+def _ring(block_backward, cases, shards):
+    """Runs on every rank: each case's fused ring with the learner's function, watched (the calls the answer makes,
+    on every thread); this rank's output and gradients. ``shards``: this rank's own tokens of each case's q, k, v and
+    output gradient (``rank_args``). Reports what it saw (``RING_REPORT``); the expected values are the checker's."""
     out = {"error": None, "results": [], "seen": None, "tampered": []}
     guard = _guard()
     try:
         with guard, Watcher(_called_by_answer) as watcher:
-            _ring_cases(merge, causal_block, cases, shards, out)
+            _ring_cases(block_backward, cases, shards, out)
     except Refused:  # recorded: named from the record below
         pass
     except Exception as exc:  # noqa: BLE001
-        out["error"] = caught(exc, "the ring with your merge and causal_block")
+        out["error"] = caught(exc, "the fused ring with your block_backward")
     out["seen"], out["tampered"] = (guard.records + watcher.seen or [None])[0], watcher.tampered
     return out
 
 
-def _ring_cases(merge, causal_block, cases, shards, out):
+def _ring_cases(block_backward, cases, shards, out):
     for (causal, layout), mine in zip(cases, shards):
         device = rank_device()  # a GPU per rank where there are enough (NCCL carries CUDA tensors only), else CPU
         mine = [t.to(device).clone().requires_grad_(i < 3) for i, t in enumerate(mine)]
-        o = ring_attention(*mine[:3], causal=causal, layout=layout, merge_fn=merge, block_rule=causal_block)
+        o = fused_ring_attention(*mine[:3], block_backward, causal=causal, layout=layout)
         o.backward(mine[3])
         out["results"].append([t.cpu() for t in [o.detach()] + [torch.zeros_like(t) if t.grad is None else t.grad
                                                                 for t in mine[:3]]])
@@ -261,8 +293,7 @@ def _ring_cases(merge, causal_block, cases, shards, out):
 def _results(per_rank, cases, shards, n):
     """The ranks' results (each rank's report checked by ``rank_secrets.report_each``, none with an error), checked
     where the checker reads them: one a case, each [output, dq, dk, dv], the gradients like the q, k, v the rank was
-    given (``shards``; autograd gives them their shape and dtype). An output of another shape is the answer's
-    (``wrong_output``)."""
+    given (``shards``; autograd gives them their shape and dtype). An output of another shape is ``wrong_output``."""
     __tracebackhide__ = True
     for rank, (r, mine) in enumerate(zip(per_rank, shards)):
         if len(r["results"]) != len(cases):
@@ -282,26 +313,26 @@ def _results(per_rank, cases, shards, n):
     return per_rank
 
 
-def check_ring_attention(merge, causal_block, world_sizes=(2, 3, 4), timeout=60.0):
-    """Check ``merge`` and ``causal_block`` alone, then in the ring on each of ``world_sizes`` ranks (gloo on CPU
-    ranks, or NCCL on a GPU each where the machine has enough)."""
+def check_ring_attention(block_backward, world_sizes=(2, 3, 4), timeout=60.0):
+    """Check ``block_backward`` alone, then in the fused ring on each of ``world_sizes`` ranks (gloo on CPU ranks, or
+    NCCL on a GPU each where the machine has enough)."""
     __tracebackhide__ = True
-    lines = check_merge(merge) + check_causal_block(causal_block, sorted({2, 3, 4, *world_sizes}))
+    lines = check_block_backward(block_backward)
     cases = [(True, "contiguous"), (True, "zigzag"), (False, "contiguous")]
     for n in world_sizes:
         seed = new_seeds(1)[0]  # new q, k, v at every check, one set a case
-        data = [_case(seed, c, n) for c in range(len(cases))]
+        data = [_ring_case(seed, c, n) for c in range(len(cases))]
         shards = [[[shard(t, rank, n, layout) for t in whole] for whole, (_, layout) in zip(data, cases)]
                   for rank in range(n)]  # rank r's tokens of each case: in its rank_args, to it alone
-        ranks = launch_answer(_ring, (merge, causal_block, cases), n, timeout, "the ring", RING_HINTS["deadlock"],
+        ranks = launch_answer(_ring, (block_backward, cases), n, timeout, "the ring", RING_HINTS["deadlock"],
                               rank_args=[(mine,) for mine in shards])
         for rank, r in enumerate(report_each(ranks, RING_REPORT, n)):  # the answer's own calls, on every rank
             if not all(isinstance(t, str) for t in r["tampered"]):
                 refuse(f"tampered {r['tampered']!r:.200}, where the checker's rank function reports what switched "
                        "its watcher off, in words", f"rank {rank}", n)
-            refuse_tampering(r["tampered"], f"rank {rank}: merge or causal_block", n)
+            refuse_tampering(r["tampered"], f"rank {rank}: block_backward", n)
             if r["seen"]:
-                fail(RING_HINTS, "used_library", f"rank {rank}: your merge or causal_block called {r['seen']}.", n)
+                fail(RING_HINTS, "used_library", f"rank {rank}: your block_backward called {r['seen']}.", n)
         raise_if_error(first_error(ranks), n, RING_HINTS)
         _results(ranks, cases, shards, n)
         for c, (causal, layout) in enumerate(cases):
@@ -315,6 +346,6 @@ def check_ring_attention(merge, causal_block, world_sizes=(2, 3, 4), timeout=60.
             for name, g, t in zip("qkv", got[1:], (q, k, v)):
                 if not close(g, t.grad, RING_TOL):
                     fail(RING_HINTS, "wrong_gradient", f"{label}: d{name} off by {(g - t.grad).abs().max():.3g}.", n)
-        lines.append(f"on {n} ranks: causal (contiguous, zig-zag) and full ring attention with your pieces = one "
-                     f"process's attention, output and dq, dk, dv")
-    return CheckResult("merge and causal_block in ring attention", lines)
+        lines.append(f"on {n} ranks: the fused ring with your block_backward, causal (contiguous, zig-zag) and full "
+                     f"attention = one process's output and dq, dk, dv")
+    return CheckResult("block_backward in the fused ring", lines)

@@ -14,7 +14,8 @@ measurement.
 
 Backward is autograd's: each ``RingPass`` sends the gradient of the block it received back to the rank that sent
 it, so dK and dV travel the ring the other way. This keeps the lesson's code short; it also means autograd keeps
-every step's score block, s/n x s per rank over the ring (a fused kernel recomputes them instead).
+every step's score block, s/n x s per rank over the ring. ``utils.context_parallel.fused_ring`` keeps only the
+output and the log-sum-exp instead, and recomputes each block in backward (lab 14 writes the block's gradients).
 """
 
 import math
@@ -25,7 +26,7 @@ import torch.distributed as dist
 from ..comm.p2p import sendrecv
 
 __all__ = ["LAYOUTS", "check_sequence", "chunk_ids", "positions", "shard", "unshard", "block_attention", "merge",
-           "RingPass", "ring_attention", "causal_work"]
+           "RingPass", "pass_on", "ring_attention", "causal_work"]
 
 LAYOUTS = ("contiguous", "zigzag")
 
@@ -92,8 +93,8 @@ def merge(acc, new):
 
     acc, new: (output (..., sq, d), log-sum-exp (..., sq, 1)); acc None (nothing merged yet) returns new. The result
     is the output and log-sum-exp of both blocks' scores together: each output re-weighted by the share of the
-    softmax mass its block holds. Exact in any order of the blocks, and finite at any scores (lab 14 writes it;
-    tests/test_context_parallel.py tests it).
+    softmax mass its block holds. Exact in any order of the blocks, and finite at any scores: ``logaddexp`` never
+    forms e^l, and each weight e^(l_i - lse) lies in [0, 1] (tests/test_context_parallel.py tests it).
     """
     if acc is None:
         return new
@@ -110,15 +111,19 @@ class RingPass(torch.autograd.Function):
     @staticmethod
     def forward(ctx, block, group=None):
         ctx.group = group
-        received = torch.empty_like(block)
-        sendrecv(block.contiguous(), _peer(group, +1), received, _peer(group, -1), group)
-        return received
+        return pass_on(block, +1, group)
 
     @staticmethod
     def backward(ctx, grad):
-        received = torch.empty_like(grad)
-        sendrecv(grad.contiguous(), _peer(ctx.group, -1), received, _peer(ctx.group, +1), ctx.group)  # to my sender
-        return received, None
+        return pass_on(grad, -1, ctx.group), None  # to my sender
+
+
+def pass_on(block, offset, group=None):
+    """One step of the ring: send ``block`` ``offset`` places along it (+1: the next rank), receive as much from the
+    rank ``offset`` places back; returns what was received."""
+    received = torch.empty_like(block)
+    sendrecv(block.contiguous(), _peer(group, offset), received, _peer(group, -offset), group)
+    return received
 
 
 def _peer(group, offset):
@@ -136,19 +141,18 @@ def _pair(q_chunk, k_chunk, causal):
 
 
 def _block_kind(q_rank, q_part, k_rank, k_part, world_size, layout, causal=True):
-    """``_pair`` of q_rank's chunk q_part and k_rank's chunk k_part: lab 14's ``causal_block``, the library's own."""
+    """``_pair`` of q_rank's chunk q_part and k_rank's chunk k_part."""
     return _pair(chunk_ids(q_rank, world_size, layout)[q_part], chunk_ids(k_rank, world_size, layout)[k_part], causal)
 
 
-def ring_attention(q, k, v, causal=False, layout="contiguous", stats=None, merge_fn=None, block_rule=None, group=None):
+def ring_attention(q, k, v, causal=False, layout="contiguous", stats=None, group=None, with_lse=False):
     """Attention of this rank's queries to the whole sequence, K/V passed around the ring n-1 times.
 
-    q, k, v: (b, heads, s/n, d), this rank's tokens in ``layout`` order (``shard``). Returns (b, heads, s/n, d).
-    ``stats``, a dict, receives what was computed: steps, score entries per step and in all, unmasked entries
-    (per batch element and head). ``merge_fn(o1, l1, o2, l2) -> (o, l)`` and ``block_rule(q_rank, q_part, k_rank,
-    k_part, world_size, layout) -> "full" | "diagonal" | "skip"`` replace ``merge`` and the causal rule (lab 14 grades
-    a learner's pieces in this ring). ``group``: the ranks that share the sequence (a mesh's "cp" dimension; default
-    all ranks), ranked in the group's order.
+    q, k, v: (b, heads, s/n, d), this rank's tokens in ``layout`` order (``shard``). Returns (b, heads, s/n, d), and
+    with ``with_lse`` also each query's log-sum-exp over the whole sequence, (b, heads, s/n, 1). ``stats``, a dict,
+    receives what was computed: steps, score entries per step and in all, unmasked entries (per batch element and
+    head). ``group``: the ranks that share the sequence (a mesh's "cp" dimension; default all ranks), ranked in the
+    group's order.
     """
     rank, n = dist.get_rank(group), dist.get_world_size(group)
     parts = _chunks(n, layout) // n  # chunks per rank: 1 contiguous, 2 zig-zag
@@ -156,7 +160,6 @@ def ring_attention(q, k, v, causal=False, layout="contiguous", stats=None, merge
     check_sequence(c * _chunks(n, layout), n, layout)
     q_chunks = q.split(c, dim=-2)
     acc = [None] * parts
-    rule = block_rule if causal and block_rule is not None else _block_kind  # what a pair needs: full, diagonal, skip
     kv = torch.stack([k, v])  # (2, b, heads, s/n, d): K and V travel as one message
     computed, unmasked, per_step = 0, 0, []
     for step in range(n):
@@ -166,12 +169,12 @@ def ring_attention(q, k, v, causal=False, layout="contiguous", stats=None, merge
         step_entries = 0
         for i in range(parts):
             for j in range(parts):
-                kind = rule(rank, i, src, j, n, layout) if causal else "full"
+                kind = _block_kind(rank, i, src, j, n, layout, causal)  # full, diagonal or skip
                 if kind == "skip":
                     continue
                 block = block_attention(q_chunks[i], kv[0, ..., j * c:(j + 1) * c, :],
                                         kv[1, ..., j * c:(j + 1) * c, :], diagonal=kind == "diagonal")
-                acc[i] = merge(acc[i], block) if merge_fn is None or acc[i] is None else merge_fn(*acc[i], *block)
+                acc[i] = merge(acc[i], block)
                 step_entries += c * c
                 unmasked += c * c if kind == "full" else c * (c + 1) // 2
         computed += step_entries
@@ -184,7 +187,7 @@ def ring_attention(q, k, v, causal=False, layout="contiguous", stats=None, merge
     if stats is not None:
         stats.update(steps=n, passes=n - 1, per_step=per_step, computed=computed, unmasked=unmasked,
                      largest_block=max((c * c if e else 0) for e in per_step))
-    return out
+    return (out, torch.cat([lse for _, lse in acc], dim=-2)) if with_lse else out
 
 
 def causal_work(seq_len, world_size, layout="contiguous"):

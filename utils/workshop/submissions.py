@@ -40,8 +40,8 @@ PLANTED = {
     "09_plan_3d_lab": "def choose_plan(model, cluster, n_gpus, global_batch, precision, memory_cap):\n    return None\n",
     "11a_collective_hangs_lab": "diagnosis_A = diagnosis_B = diagnosis_C = 'order'\n",
     "11b_send_and_ddp_hangs_lab": "diagnosis_D = diagnosis_E = diagnosis_F = 'order'\n",
-    "14_ring_attention_lab": "import torch\n\ndef merge(o1, l1, o2, l2):\n"
-                             "    return (o1 + o2) / 2, torch.maximum(l1, l2)\n",
+    "14_ring_attention_lab": "import torch\n\ndef block_backward(q, k, v, o, lse, dout, diagonal=False):\n"
+                             "    return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)\n",
 }
 
 

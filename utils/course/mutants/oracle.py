@@ -54,20 +54,24 @@ def _pipeline(answers, reference):
 
 
 def _ring_attention(answers, reference):
-    calls = [(qr, qp, kr, kp, n, layout) for n in range(1, 9) for layout in ("contiguous", "zigzag")
-             for qr in range(n) for kr in range(n) for qp in (0, 1) for kp in (0, 1)]
-    found = _compare(answers["causal_block"], reference["causal_block"], calls)
-    if found:
-        return found
+    """block_backward on blocks of real attention: moderate and large scores, float32 and float64, full and diagonal."""
     generator = torch.Generator().manual_seed(0)
     calls = []
-    for scale in (1.0, 30.0, 1e3):
+    for shift in (0.0, 30.0, 100.0):
         for dtype in (torch.float32, torch.float64):
-            for shape in ((2, 3, 5, 4), (1, 8, 64, 32)):
-                o1, o2 = (torch.randn(shape, generator=generator, dtype=dtype) for _ in "12")
-                l1, l2 = (scale * torch.randn((*shape[:-1], 1), generator=generator, dtype=dtype) for _ in "12")
-                calls.append((o1, l1, o2, l2))
-    return _compare(answers["merge"], reference["merge"], calls)
+            for sq, sk, d, diagonal in ((5, 7, 4, False), (6, 6, 8, True), (16, 16, 32, False)):
+                q, dout = (torch.randn(2, 3, sq, d, generator=generator, dtype=dtype) for _ in "qo")
+                k, v = (torch.randn(2, 3, sk, d, generator=generator, dtype=dtype) for _ in "kv")
+                rest = torch.randn(2, 3, sk, d, generator=generator, dtype=dtype)  # the row's other keys
+                k = k + shift / d
+                scores = torch.cat([q @ k.transpose(-2, -1), q @ rest.transpose(-2, -1)], -1) / d ** 0.5
+                if diagonal:
+                    scores[..., :sk] = scores[..., :sk].masked_fill(~torch.ones(sq, sk, dtype=torch.bool).tril(),
+                                                                    float("-inf"))
+                lse = torch.logsumexp(scores, -1, keepdim=True)
+                o = torch.softmax(scores, -1) @ torch.cat([v, rest], -2)
+                calls.append((q, k, v, o, lse, dout, diagonal))
+    return _compare(answers["block_backward"], reference["block_backward"], calls)
 
 
 def _plan_cases():
