@@ -76,9 +76,9 @@ def test_each_checker_covers_its_kinds():
     """Read from the checkers themselves: their cases are the generator's, every kind included."""
     for p in range(1, 9):
         assert {n for n, _ in halving_doubling.cases(p)} == {n for n, _ in element_counts(p)}
-    logits, _, _ = tensor_parallel.make_case("large", 2, new_seeds(1)[0])  # new logits at every check
+    logits, _, _ = tensor_parallel.make_case("large", 2, new_seeds(3))  # new logits at every check
     assert logits.min() > FAR_APART["large"] - 10
-    logits, target, _ = tensor_parallel.make_case("apart", 2, new_seeds(1)[0])
+    logits, target, _ = tensor_parallel.make_case("apart", 2, new_seeds(3))
     assert logits[torch.arange(len(target)), target].max() < FAR_APART["apart"] + 10
 
 

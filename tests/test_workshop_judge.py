@@ -104,11 +104,15 @@ FORGERIES = {  # learner -> (lab, {name: source}), the gradebook cell wanted
                                  f"        return os.system, ('touch {MARK}',)\n\n" + SIGNATURE + REFUSES
                                  + "    return [Evil()]\n"},
                      "not_ops"),
-    # names a mistake of its choosing ("pass") from outside its function's call (a metaclass the check looks into)
-    "names_its_mistake": ("14_ring_attention_lab", {"merge": "from utils.checkers.common import LabCheckFailed\n\n"
-                          "class Forged(type):\n    def __getattr__(cls, name):\n"
-                          "        raise LabCheckFailed('pass', 'PASSED', '')\n\n"
-                          "class merge(metaclass=Forged):\n    pass\n"},
+    # names a mistake of its choosing ("pass") from outside its function's call: a metaclass that raises it when the
+    # check reads the answer's name (lab 14's _own, in the answer's process, before it calls the answer)
+    "names_its_mistake": ("14_ring_attention_lab",
+                          {"block_backward": "import sys\nfrom utils.checkers.common import LabCheckFailed\n\n"
+                           "class Forged(type):\n    def __getattribute__(cls, name):\n"
+                           "        if name == '__name__' and sys._getframe(1).f_code.co_name == '_own':\n"
+                           "            raise LabCheckFailed('pass', 'PASSED', '')\n"
+                           "        return type.__getattribute__(cls, name)\n\n"
+                           "class block_backward(metaclass=Forged):\n    pass\n"},
                           "error"),
 }
 

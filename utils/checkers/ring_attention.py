@@ -21,12 +21,13 @@ attention, and by a property of the softmax, never by a formula of its own. Same
    printed). Each block's (dq, dk, dv) against autograd's, which computes one leaf copy of q per block
    (``_case``): the diagnosis reads which gradient is wrong and where, and whether the keys' gradients sum to zero
    over a row (shifting every key by one vector changes no softmax);
-3. **the ring** on 2, 3, 4 (and WORLD_SIZE) ranks (gloo on CPU; NCCL where there is a GPU per rank), ``fused_ring_attention`` with the learner's function,
-   causal in both layouts and full: the output and the gradients of q, k, v equal one process's attention. The q, k,
-   v are random, new at every check, and each rank gets its own tokens of them only (``rank_secrets``: in its
-   ``rank_args``), so no rank can compute its gradients alone: an answer that replaces this module's rank function
-   still has to pass the keys, values and their gradients between its ranks. The checker computes the attention
-   itself; the ranks report only what they observed.
+3. **the ring** on 2, 3, 4 (and WORLD_SIZE) ranks (gloo on CPU; NCCL where there is a GPU per rank),
+   ``fused_ring_attention`` with the learner's function, causal in both layouts and full: the output and the
+   gradients of q, k, v equal one process's attention. The q, k, v are random, new at every check, each rank's tokens
+   from a seed of its own, and each rank gets its own tokens only (``rank_secrets``: in its ``rank_args``), so no rank
+   can compute its gradients alone: an answer that replaces this module's rank function still has to pass the keys,
+   values and their gradients between its ranks. The checker computes the attention itself; the ranks report only
+   what they observed.
 """
 
 import math
@@ -34,7 +35,7 @@ import math
 import torch
 
 from ..context_parallel.fused_ring import fused_ring_attention
-from ..context_parallel.ring import shard, unshard
+from ..context_parallel.ring import unshard
 from ..launch import rank_device
 from .answer_side import answer_side
 from .common import CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error, watched_call
@@ -97,8 +98,9 @@ CASES = {  # name: key block sizes, the diagonal block's index (causal) or None,
 
 def _near(got, want, i, factor=1.0):
     """Gradient ``i`` (0 dq, 1 dk, 2 dv) of every block equal to ``factor`` times autograd's within float32's rounding:
-    the largest error at most ``ANSWER_TOL`` of that gradient's largest entry over the case's blocks (at large scores the gradients range over
-    orders of magnitude, and a block's share may be tiny; a wrong formula misses by the whole)."""
+    the largest error at most ``ANSWER_TOL`` of that gradient's largest entry over the case's blocks (at large scores
+    the gradients range over orders of magnitude, and a block's share may be tiny; a wrong formula misses by the
+    whole)."""
     largest = max(w[i].abs().max().item() for w in want) * factor
     return max((g[i] - w[i] * factor).abs().max().item() for g, w in zip(got, want)) <= ANSWER_TOL * largest + 1e-7
 
@@ -247,11 +249,12 @@ def _full_attention(q, k, v, causal):
     return torch.softmax(scores, -1) @ v
 
 
-def _ring_case(seed, index, n):
-    """Ring case ``index``'s q, k, v and the gradient of the output, from the checker's ``seed`` (``rank_secrets``)."""
-    g = generator(seed, index)
-    s = 4 * n  # 2n zig-zag chunks of 2 tokens
-    return [torch.randn(2, 2, s, 8, generator=g, dtype=torch.float64) * 2 for _ in range(4)]  # q, k, v, dout
+def _ring_shards(seeds, index):
+    """Ring case ``index``: each rank's tokens of q, k, v and of the output's gradient, (2, 2, 4, 8) each (2 zig-zag
+    chunks of 2 tokens), rank r's from ``seeds[r]`` alone (``rank_secrets.new_seeds``): what one rank holds says
+    nothing of another's, not even through torch's generator, which keeps 32 bits of a seed."""
+    return [[torch.randn(2, 2, 4, 8, generator=g, dtype=torch.float64) * 2 for _ in range(4)]
+            for g in (generator(seed, index) for seed in seeds)]
 
 
 def _called_by_answer(frame, event, arg):
@@ -320,10 +323,11 @@ def check_ring_attention(block_backward, world_sizes=(2, 3, 4), timeout=60.0):
     lines = check_block_backward(block_backward)
     cases = [(True, "contiguous"), (True, "zigzag"), (False, "contiguous")]
     for n in world_sizes:
-        seed = new_seeds(1)[0]  # new q, k, v at every check, one set a case
-        data = [_ring_case(seed, c, n) for c in range(len(cases))]
-        shards = [[[shard(t, rank, n, layout) for t in whole] for whole, (_, layout) in zip(data, cases)]
-                  for rank in range(n)]  # rank r's tokens of each case: in its rank_args, to it alone
+        seeds = new_seeds(n)  # new q, k, v at every check, a seed a rank
+        by_case = [_ring_shards(seeds, c) for c in range(len(cases))]  # [case][rank]: q, k, v, dout
+        shards = [[by_case[c][rank] for c in range(len(cases))] for rank in range(n)]  # in its rank_args, to it alone
+        data = [[unshard([mine[t] for mine in by_case[c]], layout) for t in range(4)]
+                for c, (_, layout) in enumerate(cases)]  # the whole sequence, in token order: the checker's
         ranks = launch_answer(_ring, (block_backward, cases), n, timeout, "the ring", RING_HINTS["deadlock"],
                               rank_args=[(mine,) for mine in shards])
         for rank, r in enumerate(report_each(ranks, RING_REPORT, n)):  # the answer's own calls, on every rank

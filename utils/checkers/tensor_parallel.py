@@ -22,10 +22,11 @@ It checks the *technique*, not only the numbers, because a wrong technique reach
   tokens weighted in backward (so a backward that ignores its ``grad`` argument shows);
 - **the caller's tensor** is left as it was.
 
-The logits are random, new at every check, and each rank gets its own block only (``rank_secrets``: in its
-``rank_args``, never in what every rank gets): no rank holds what the loss of a token needs, so an answer that
-replaces this module's rank function cannot compute the right numbers on one rank. The checker makes the whole
-logits itself and computes every reference from them; the ranks report only what they observed.
+The logits are random, new at every check, each rank's block from a seed of its own, and each rank gets its own
+block only (``rank_secrets``: in its ``rank_args``, never in what every rank gets): no rank holds what the loss of a
+token needs, so an answer that replaces this module's rank function cannot compute the right numbers on one rank.
+The checker makes the whole logits itself and computes every reference from them; the ranks report only what they
+observed.
 """
 
 import torch
@@ -96,12 +97,18 @@ TOKENS, WIDTH = 12, 8  # tokens per check; words per rank: the vocabulary is WID
 CASES = ("tame", "spread", "large", "apart")
 
 
-def make_case(case, world_size, seed, tokens=TOKENS, width=WIDTH):
+def make_case(case, world_size, seeds, tokens=TOKENS, width=WIDTH):
     """The whole (tokens, v) logits, the targets (every rank holds some) and the per-token weights of backward, from
-    the checker's ``seed`` (``rank_secrets.new_seeds``)."""
-    gen = generator(seed, CASES.index(case))
+    the checker's ``seeds`` (``rank_secrets.new_seeds(world_size + 1)``): rank r's block of the logits from
+    ``seeds[r]`` alone, the public targets from the last, so that what one rank holds says nothing of another's
+    block, not even through torch's generator, which keeps 32 bits of a seed."""
+    if len(seeds) != world_size + 1:
+        raise ValueError(f"{len(seeds)} seeds for {world_size} ranks: give one a rank and one for the targets, "
+                         f"{world_size + 1}.")
     vocab = width * world_size
-    logits = torch.randn(tokens, vocab, generator=gen).clamp(-3, 3)
+    logits = torch.cat([torch.randn(tokens, width, generator=generator(seed, CASES.index(case)))
+                        for seed in seeds[:world_size]], 1).clamp(-3, 3)
+    gen = generator(seeds[world_size], CASES.index(case))  # the targets: every rank gets them
     owner = torch.arange(vocab) // width  # the rank that holds each word
     if case == "tame":
         logits[:, torch.arange(vocab) % width == width // 2] = 4.0  # every block's max is 4: local max = global
@@ -258,7 +265,7 @@ def check_vocab_parallel_cross_entropy(cls, world_sizes=(2, 4), timeout=30.0):
     __tracebackhide__ = True
     lines = []
     for n in world_sizes:
-        made = {case: make_case(case, n, new_seeds(1)[0]) for case in CASES}  # new logits at every check
+        made = {case: make_case(case, n, new_seeds(n + 1)) for case in CASES}  # new logits at every check
         public = {case: (target, weights) for case, (_, target, weights) in made.items()}
         # rank r's block of each case: in its rank_args, to it alone (run_ranks sends a view as a copy of its own)
         blocks = [{case: logits[:, rank * WIDTH:(rank + 1) * WIDTH] for case, (logits, _, _) in made.items()}

@@ -11,5 +11,5 @@ from .fused_ring import fused_ring_attention
 from .ring import causal_work, check_sequence, merge, positions, ring_attention, shard, unshard
 from .ulysses import check_heads, ulysses_attention
 
-__all__ = ["ring_attention", "fused_ring_attention", "merge", "check_sequence", "positions", "shard", "unshard", "causal_work",
-           "ulysses_attention", "check_heads"]
+__all__ = ["ring_attention", "fused_ring_attention", "merge", "check_sequence", "positions", "shard", "unshard",
+           "causal_work", "ulysses_attention", "check_heads"]

@@ -67,5 +67,6 @@ class FusedRingAttention(torch.autograd.Function):
 
 def fused_ring_attention(q, k, v, block_backward, causal=False, layout="contiguous", group=None):
     """``ring_attention``'s output, with the fused backward above. ``block_backward(q, k, v, o, lse, dout,
-    diagonal=False) -> (dq, dk, dv)``: one block's share of the gradients (lab 14). Arguments as ``ring_attention``'s."""
+    diagonal=False) -> (dq, dk, dv)``: one block's share of the gradients (lab 14). The other arguments are
+    ``ring_attention``'s."""
     return FusedRingAttention.apply(q, k, v, block_backward, causal, layout, group)
