@@ -9,6 +9,7 @@ hint. The lab's notebook itself runs in tests/test_notebooks.py.
 
 import functools
 import inspect
+import math
 import sys
 
 import pytest
@@ -164,6 +165,20 @@ def torchs_backward_in_the_ranks_only(q, k, v, o, lse, dout, diagonal=False):
     return block_backward(q, k, v, o, lse, dout, diagonal)
 
 
+def torchs_flex_backward(q, k, v, o, lse, dout, diagonal=False):
+    """Flex attention's dense backward, plain Python (no aten attention operator), given the saved output and
+    log-sum-exp (in base 2): the answer, refused (review of issue 37). Written against torch 2.13's signature."""
+    from torch._higher_order_ops.flex_attention import sdpa_dense_backward
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    sq, sk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    keep = (lambda b, h, m, n: n <= m) if diagonal else (lambda b, h, m, n: m >= 0)
+    mask = create_block_mask(keep, None, None, sq, sk, device="cpu", BLOCK_SIZE=128)
+    dq, dk, dv, _ = sdpa_dense_backward(q, k, v, o, lse.squeeze(-1) / math.log(2), dout, None,
+                                        lambda s, b, h, m, n: s, None, mask.as_tuple(), 1 / math.sqrt(d), {}, (), ())
+    return dq, dk, dv
+
+
 def sdpa_through_a_partial(q, k, v, o, lse, dout, diagonal=False):
     """A builtin called from C (a partial) emits no c_call for the hook: the guard's wrapper sees it."""
     functools.partial(F.scaled_dot_product_attention, q, k, v)()
@@ -191,6 +206,7 @@ def in_float32_only(q, k, v, o, lse, dout, diagonal=False):
     (scaling_dout_in_place, "changed_inputs", "changed dout"),
     (torchs_own_backward, "used_library", "_scaled_dot_product_flash_attention_for_cpu_backward"),
     (sdpa_through_a_partial, "used_library", "scaled_dot_product_attention"),
+    (torchs_flex_backward, "used_library", "flex_attention"),
     (in_float32_only, "wrong_gradient", "keep its inputs' dtype"),
 ], ids=lambda x: x.__name__ if callable(x) else None)
 def test_rejects(wrong, mistake, phrase):

@@ -16,21 +16,25 @@ the hook off unseen (and puts it back afterwards); a pool thread started before 
   checker's own module) the original function runs; any other frame (the learner's, code run by ``exec``, another
   module of ``utils`` such as the harness that calls the answer), or no frame at all (a thread's target, a pool's
   task), is recorded;
-- ``operators``: a torch operator (``aten::_scaled_dot_product_flash_attention_for_cpu_backward``) gets a kernel of
+- ``operators``: an aten operator (``aten::_scaled_dot_product_flash_attention_for_cpu_backward``) gets a kernel of
   its own on the CPU and CUDA dispatch keys (``torch.library``), which records the call and raises: whatever path
   reaches the operator (``torch.ops``, an ``OpOverload`` kept in a variable, ``torch._C._jit_get_operation``, a
-  thread) goes through the dispatcher, and meets it. ``allow_from`` does not apply to them;
+  thread) goes through the dispatcher, and meets it. Only aten operators: a higher-order operator (flex attention's)
+  runs Python functions, which ``functions`` trips. The kernels are the whole process's while the guard is on, so
+  nothing else may use those operators meanwhile (the course's code under a guard does not). ``allow_from`` does not
+  apply to them;
 - a builtin has no ``__code__`` (``F.scaled_dot_product_attention``): it is replaced by a recording wrapper on the
   modules torch exposes it from, for the duration. A reference taken *before* the call (``sdpa = F.scaled_...`` at a
   cell's top level) still reaches the builtin: only the hook sees that call (a ``c_call``), and not when it is made
   through a ``partial`` or with the hook switched off. Nor does anything see the operator underneath,
   ``torch.ops.aten.scaled_dot_product_attention`` (called through ``OpOverload.__call__``, neither a builtin on those
-  modules nor a ``c_call``).
+  modules nor a ``c_call``), unless it is one of ``operators``.
 
 Every ``__code__`` and attribute is put back in a ``finally``, whatever the answer raised. What still passes the
 guard: a copy of a target's code made *before* the call (``types.FunctionType(f.__code__.replace(), ...)``: another
 function object; the hook matches it by ``code_key``, unless the hook is switched off too), a reimplementation, and
-an answer that edits the checker's own modules (``Guard``, this registry): no Python checker can stop that.
+an answer that edits the checker's own modules (``Guard``, this registry) or reaches the guard's own objects (its
+``torch.library.Library``, found through the garbage collector): no Python checker can stop that.
 """
 
 import itertools

@@ -13,9 +13,10 @@ Nothing in the release computes that: the checker judges it by results, against 
 attention, and by a property of the softmax, never by a formula of its own. Same conventions as
 ``utils.checkers.common``. In order:
 
-1. **own work**: torch's attention (``F.scaled_dot_product_attention`` and the ``aten`` attention operators, whose
-   backward ops compute exactly this) is off limits: a call is refused (``used_library``), seen by the profile hook
-   and by the guard (``utils.checkers.guard``);
+1. **own work**: torch's attention (``F.scaled_dot_product_attention``, the ``aten`` attention operators and flex
+   attention, whose backward operators and functions compute exactly this) is off limits: a call is refused
+   (``used_library``), seen by the profile hook and by the guard (``utils.checkers.guard``: the operators at the
+   dispatcher, flex attention's Python functions tripped in place);
 2. **block_backward** in this process, float32 inputs: one block holding every key, three uneven blocks, a causal
    pair (an earlier chunk and the diagonal one), and scores whose exponentials overflow float32 (the range is
    printed). Each block's (dq, dk, dv) against autograd's, which computes one leaf copy of q per block
@@ -45,8 +46,9 @@ from .rank_secrets import generator, new_seeds, refuse, report_each, tensors_lik
 from .watch import Watcher, refuse_tampering
 
 RING_HINTS = {  # each names the mistake and points to the idea; none gives the gradients' formulas
-    "used_library": "write the gradients yourself: torch's attention (F.scaled_dot_product_attention and the aten "
-                    "attention operators, whose backward ops compute exactly this) is off limits in this lab.",
+    "used_library": "write the gradients yourself: torch's attention (F.scaled_dot_product_attention, the aten "
+                    "attention operators and flex attention, whose backward computes exactly this) is off limits "
+                    "in this lab.",
     "not_triple": "block_backward returns three tensors (dq, dk, dv): dq shaped like q, dk like k, dv like v.",
     "changed_inputs": "block_backward changed a tensor it was given: the ring hands the same q, o, lse and dout to "
                       "every block, and the same k, v to every rank. Compute into new tensors.",
@@ -59,6 +61,9 @@ RING_HINTS = {  # each names the mistake and points to the idea; none gives the 
                      "scale 1/sqrt(d); a mask only when diagonal is true) and turn them into the whole row's "
                      "softmax with what the forward saved.",
     "swapped": "your dk is autograd's dv and your dv its dk: return them in the order (dq, dk, dv).",
+    "large_scores": "right at moderate scores, wrong (though finite) at these large ones: a number loses its "
+                    "precision on the way, such as a difference or a ratio of two huge numbers. Every probability "
+                    "lies between 0 and 1: form it from numbers of that size.",
     "block_lse": "right with one block, wrong with several: each block's probabilities must be its entries of the "
                  "whole row's softmax, not a softmax over the block alone. The forward saved what normalises over "
                  "the whole row.",
@@ -105,20 +110,42 @@ def _near(got, want, i, factor=1.0):
     return max((g[i] - w[i] * factor).abs().max().item() for g, w in zip(got, want)) <= ANSWER_TOL * largest + 1e-7
 
 
+FLEX = ("/torch/_higher_order_ops/flex_attention", "/torch/nn/attention/")  # torch's attention written in Python
+
+
 def _is_attention(event, arg):
     return event == "c_call" and "attention" in getattr(arg, "__name__", "")
 
 
+def _into_flex(frame, event):
+    """A call into torch's flex attention (its dense backward takes the saved output and log-sum-exp too)."""
+    return event == "call" and any(part in frame.f_code.co_filename.replace("\\", "/") for part in FLEX)
+
+
+def _flex_functions():
+    """The Python functions of torch's flex attention, where this torch has it."""
+    from .guard import module_functions
+
+    modules = []
+    for name in ("torch._higher_order_ops.flex_attention", "torch.nn.attention.flex_attention"):
+        try:
+            modules.append(__import__(name, fromlist=["_"]))
+        except ImportError:  # an older or a newer torch: nothing to refuse there
+            pass
+    return [(f, f"torch's {f.__qualname__} ({f.__module__})") for module in modules for f in module_functions(module)]
+
+
 def _guard():
-    """Every aten attention operator refused at the dispatcher, however it is reached (``Guard``'s operators), and
-    SDPA replaced where torch exposes it, for the call."""
+    """Torch's attention refused, however it is reached, for the call: every aten attention operator at the dispatcher
+    (``Guard``'s operators), flex attention's Python functions tripped in place (its dense backward is the answer
+    too), and SDPA replaced where torch exposes it."""
     import torch.nn.functional as F
 
     attributes = [(owner, "scaled_dot_product_attention", "F.scaled_dot_product_attention")
                   for owner in (F, torch._C._nn)]
     operators = [(name, f"torch's {name.split('::')[1]}") for name in torch._C._dispatch_get_all_op_names()
                  if name.startswith("aten::") and "attention" in name]
-    return Guard((), attributes, operators=operators)
+    return Guard(_flex_functions(), attributes, operators=operators)
 
 
 @answer_side
@@ -129,6 +156,8 @@ def _own(fn, *args, **kwargs):
     def forbidden(frame, event, arg):
         if _is_attention(event, arg):
             return f"torch's {arg.__name__}"
+        if _into_flex(frame, event):
+            return f"torch's {frame.f_code.co_name} (flex attention)"
 
     out, seen = watched_call(lambda: fn(*args, **kwargs), (), forbidden,
                              where=f"{getattr(fn, '__name__', 'your function')}(...)", hints=RING_HINTS,
@@ -205,7 +234,7 @@ def _diagnose(name, got, want, passed):
         fail(RING_HINTS, "swapped", what + ".")
     if not _near(got, want, 2):
         mistake = "block_lse" if name == "three blocks" and passed else "mask" if name == "causal" else \
-            "probabilities"
+            "large_scores" if name == "large scores" else "probabilities"
         fail(RING_HINTS, mistake, what + ".")
     key_sum = sum(g[1].sum(-2) for g in got)  # over every key of the row: zero for any gradient of a softmax
     size = sum(g[1].abs().sum(-2) for g in got)
@@ -251,16 +280,25 @@ def _full_attention(q, k, v, causal):
 
 def _ring_shards(seeds, index):
     """Ring case ``index``: each rank's tokens of q, k, v and of the output's gradient, (2, 2, 4, 8) each (2 zig-zag
-    chunks of 2 tokens), rank r's from ``seeds[r]`` alone (``rank_secrets.new_seeds``): what one rank holds says
-    nothing of another's, not even through torch's generator, which keeps 32 bits of a seed."""
-    return [[torch.randn(2, 2, 4, 8, generator=g, dtype=torch.float64) * 2 for _ in range(4)]
-            for g in (generator(seed, index) for seed in seeds)]
+    chunks of 2 tokens). ``seeds``: 2n of them (``rank_secrets.new_seeds``); rank r's q and dout from ``seeds[r]``,
+    its k and v, which the ring hands to every other rank, from ``seeds[n + r]``: nothing a rank holds or receives
+    says anything of what another keeps, not even through torch's generator, which keeps 32 bits of a seed."""
+    n = len(seeds) // 2
+    shards = []
+    for rank in range(n):
+        home, travels = generator(seeds[rank], index), generator(seeds[n + rank], index)
+        q, dout = (torch.randn(2, 2, 4, 8, generator=home, dtype=torch.float64) * 2 for _ in range(2))
+        k, v = (torch.randn(2, 2, 4, 8, generator=travels, dtype=torch.float64) * 2 for _ in range(2))
+        shards.append([q, k, v, dout])
+    return shards
 
 
 def _called_by_answer(frame, event, arg):
     """In the ranks: torch's attention called from the answer's code."""
     if _is_attention(event, arg) and is_learners(frame.f_code.co_filename):
         return f"torch's {arg.__name__}"
+    if _into_flex(frame, event) and frame.f_back is not None and is_learners(frame.f_back.f_code.co_filename):
+        return f"torch's {frame.f_code.co_name} (flex attention)"
 
 
 RING_REPORT = dict(error=(tuple, type(None)), results=list, seen=(str, type(None)), tampered=list)  # what _ring reports
@@ -323,7 +361,7 @@ def check_ring_attention(block_backward, world_sizes=(2, 3, 4), timeout=60.0):
     lines = check_block_backward(block_backward)
     cases = [(True, "contiguous"), (True, "zigzag"), (False, "contiguous")]
     for n in world_sizes:
-        seeds = new_seeds(n)  # new q, k, v at every check, a seed a rank
+        seeds = new_seeds(2 * n)  # new q, k, v at every check: two seeds a rank
         by_case = [_ring_shards(seeds, c) for c in range(len(cases))]  # [case][rank]: q, k, v, dout
         shards = [[by_case[c][rank] for c in range(len(cases))] for rank in range(n)]  # in its rank_args, to it alone
         data = [[unshard([mine[t] for mine in by_case[c]], layout) for t in range(4)]
