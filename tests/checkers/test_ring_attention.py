@@ -101,6 +101,22 @@ def dividing_by_e_to_the_lse(q, k, v, o, lse, dout, diagonal=False):
     return _grads(p, q, k, v, dout, (dout * o).sum(-1, keepdim=True))
 
 
+def masked_by_multiplying(q, k, v, o, lse, dout, diagonal=False):
+    """The mask as scores * keep + (-inf) * ~keep: -inf * 0 is nan, on the kept entries too."""
+    s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+    if diagonal:
+        keep = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
+        s = s * keep + float("-inf") * ~keep
+    return _grads(torch.exp(s - lse), q, k, v, dout, (dout * o).sum(-1, keepdim=True))
+
+
+def imprecise_at_large_scores(q, k, v, o, lse, dout, diagonal=False):
+    """Planted directly: finite everywhere, right at moderate scores, 1% off where e^lse would overflow float32 (the
+    kind a difference or a ratio of huge numbers gives)."""
+    p = torch.exp(_scores(q, k, diagonal) - lse) * (1.01 if lse.max() > 88.7 else 1.0)
+    return _grads(p, q, k, v, dout, (dout * o).sum(-1, keepdim=True))
+
+
 def dq_through_the_wrong_side(q, k, v, o, lse, dout, diagonal=False):
     """dq from dS^T: a shape error unless the block is as long as the queries; the checker's blocks are not."""
     dq, dk, dv = block_backward(q, k, v, o, lse, dout, diagonal)
@@ -198,6 +214,8 @@ def in_float32_only(q, k, v, o, lse, dout, diagonal=False):
     (without_the_scale_in_the_scores, "probabilities", "one block holding every key"),
     (without_the_scale_in_the_chain, "scale", "sqrt(d)"),
     (dividing_by_e_to_the_lse, "overflow", "no huge number"),
+    (masked_by_multiplying, "not_finite", "moderate scores"),
+    (imprecise_at_large_scores, "large_scores", "loses its precision"),
     (dq_through_the_wrong_side, "not_triple", "three tensors"),
     (dk_and_dv_swapped, "swapped", "(dq, dk, dv)"),
     (torchs_backward_kept_by_jit, "used_library", "_scaled_dot_product_flash_attention_for_cpu_backward"),
