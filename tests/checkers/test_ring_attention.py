@@ -33,8 +33,10 @@ def test_large_scores_overflow_a_naive_exp():
 
 
 def test_the_reference_passes_on_many_draws():
-    """No right answer rejected by float32's rounding: 300 draws of every case (the check draws new ones each time)."""
-    for seed in range(300):
+    """No right answer rejected by float32's rounding: 40 draws of every case (the check draws new ones each time;
+    2,000 draws were measured when the tolerance was set: ANSWER_TOL's comment). Each call of the answer turns the
+    guard on and off (about 30 ms), so more draws cost minutes."""
+    for seed in range(40):
         assert len(check_block_backward(block_backward, seed=seed)) == len(CASES)
 
 
