@@ -10,19 +10,12 @@ the hook off unseen (and puts it back afterwards); a pool thread started before 
   stub: a name imported earlier, a ``partial``, a thread target, a pool task, on any thread, hook or no hook. The
   stub records the call in the ``Guard`` and raises ``Refused``, a private ``BaseException``: ``except Exception``
   does not swallow it, and whatever the answer catches, the checker names the mistake from the record;
-- with ``allow_from`` (lab 14: the lesson's ring runs the learner's merge), the stub first walks the stack from its
-  caller past the frames that are neither the learner's nor the course's (the standard library, torch, installed
-  packages): when the first such frame is in one of the files ``allow_from`` names (the ring module itself, the
-  checker's own module) the original function runs; any other frame (the learner's, code run by ``exec``, another
-  module of ``utils`` such as the harness that calls the answer), or no frame at all (a thread's target, a pool's
-  task), is recorded;
 - ``operators``: an aten operator (``aten::_scaled_dot_product_flash_attention_for_cpu_backward``) gets a kernel of
   its own on the CPU and CUDA dispatch keys (``torch.library``), which records the call and raises: whatever path
   reaches the operator (``torch.ops``, an ``OpOverload`` kept in a variable, ``torch._C._jit_get_operation``, a
   thread) goes through the dispatcher, and meets it. Only aten operators: a higher-order operator (flex attention's)
   runs Python functions, which ``functions`` trips. The kernels are the whole process's while the guard is on, so
-  nothing else may use those operators meanwhile (the course's code under a guard does not). ``allow_from`` does not
-  apply to them;
+  nothing else may use those operators meanwhile (the course's code under a guard does not);
 - a builtin has no ``__code__`` (``F.scaled_dot_product_attention``): it is replaced by a recording wrapper on the
   modules torch exposes it from, for the duration. A reference taken *before* the call (``sdpa = F.scaled_...`` at a
   cell's top level) still reaches the builtin: only the hook sees that call (a ``c_call``), and not when it is made
@@ -38,16 +31,12 @@ an answer that edits the checker's own modules (``Guard``, this registry) or rea
 """
 
 import itertools
-import os
-import sys
 import threading
 import types
 
-from .harness import is_learners, is_utils
-
 __all__ = ["Refused", "Guard", "module_functions", "code_key"]
 
-_TRIPPED = {}  # key -> (guard, label, the original function) while a guard is on
+_TRIPPED = {}  # key -> (guard, label) while a guard is on
 _STUBS = {}  # function -> (key, stub code): generated once per function
 _KEYS = itertools.count()
 
@@ -101,23 +90,9 @@ def _stub(fn):
     return _STUBS[fn]
 
 
-def _called_from(frame, files):
-    """Is the first frame from ``frame`` down that is the learner's or the course's in one of ``files``?"""
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if is_utils(filename):
-            return os.path.abspath(filename) in files
-        if is_learners(filename) or filename.startswith("<string>"):  # exec'd code is the answer's too
-            return False
-        frame = frame.f_back
-    return False  # a thread's target, a pool's task: nobody of the course asked for it
-
-
 def _tripped(key, args, kwargs):
-    """What a tripped target runs: the original for the callers ``allow_from`` names, else a record."""
-    guard, label, original = _TRIPPED[key]
-    if guard.allow_from and _called_from(sys._getframe(2), guard.allow_from):  # 0: here, 1: the stub, 2: its caller
-        return original(*args, **kwargs)
+    """What a tripped target runs, whoever calls it: a record, then ``Refused``."""
+    guard, label = _TRIPPED[key]
     guard.records.append(label)
     raise Refused(label)
 
@@ -126,10 +101,9 @@ class Guard:
     """While on (a context manager): ``functions``, (function, label) pairs, tripped in place; ``attributes``,
     (owner, name, label) triples, each replaced by a recording wrapper. ``records``: the labels of the calls made."""
 
-    def __init__(self, functions=(), attributes=(), allow_from=(), operators=()):
+    def __init__(self, functions=(), attributes=(), operators=()):
         self.functions, self.attributes, self.operators = list(functions), list(attributes), list(operators)
         self._library = None
-        self.allow_from = frozenset(os.path.abspath(f) for f in allow_from)
         self.records, self._undo = [], []
         for fn, _ in self.functions:  # the stubs made now, before any hook watches
             _stub(fn)
@@ -142,15 +116,12 @@ class Guard:
                 if fn.__code__ is _stub(fn)[1]:
                     continue  # the same function twice (an alias in another module)
                 key, stub = _stub(fn)
-                original = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
-                                              fn.__closure__)
-                original.__kwdefaults__ = fn.__kwdefaults__
-                _TRIPPED[key] = self, label, original
+                _TRIPPED[key] = self, label
                 self._undo.append((fn, "__code__", fn.__code__, key))
                 fn.__code__ = stub
             for owner, name, label in self.attributes:
                 key, value = next(_KEYS), getattr(owner, name)
-                _TRIPPED[key] = self, label, value
+                _TRIPPED[key] = self, label
 
                 def wrapper(*args, _key=key, **kwargs):
                     return _tripped(_key, args, kwargs)
