@@ -127,10 +127,10 @@ def test_nbgrader_makes_the_same_release(built, tmp_path):
 
 # ------------------------------------------------------------------ an answer's logic, renamed (issue 37, part 1)
 # What the release still carries of the answers' logic, as utils/workshop/logic_leaks.py finds it: each is known and
-# named, so that a new one fails this test, and so does one that is gone (take it off the list). CHECKER: a checker
-# or a utils module the lab's answer is judged with carries the answer's own steps; issue 37 moves that logic to the
-# teacher's side (make grade) and judges the release by results. IDIOM: a line any such code has, not the answer.
-CHECKER, IDIOM = "a checker carries the answer's logic (issue 37, part 1)", "a common idiom, not the answer"
+# named, so that a new one fails this test, and so does one that is gone (take it off the list). Only idioms are
+# left: a line any such code has, not the answer. A checker or utils module that carried an answer's own steps is a
+# failure (issue 37, part 1: that logic lives on the teacher's side, make grade, and the release judges by results).
+IDIOM = "a common idiom, not the answer"
 KNOWN_LOGIC = {
     ("ddp.py", "BucketedDDP", "notebooks/08a_lightning_strategies.ipynb"): IDIOM,  # [*params, *buffers]
     ("zero.py", "BucketedZeRO2", "utils/checkers/zero_reference.py"): IDIOM,  # torch.cat([p.detach().reshape(-1) ...

@@ -83,7 +83,7 @@ RING_HINTS = {  # each names the mistake and points to the idea; none gives the 
     "gradients": "dv is right but dq or dk is not: go through the chain rule from the scores to q and to k again "
                  "(which side of the product, which transpose).",
     "wrong_output": "the ring's output differs from one process's attention: the forward is the lesson's ring, so "
-                    "only a report of another shape gets here.",
+                    "only code that replaced the checker's rank function gets here.",
     "wrong_gradient": "your gradients pass the checks above, but the ring's dq, dk or dv differ from one process's: "
                       "the ring runs in float64; does block_backward keep its inputs' dtype, and use "
                       "nothing but its arguments (no state kept between calls)?",
@@ -167,13 +167,32 @@ def _own(fn, *args, **kwargs):
     return out
 
 
-def _case(name, g):
-    """Case ``name``: the inputs of each block's call (float32) and autograd's (dq, dk, dv) of each block (float64).
+def block_references(q, ks, vs, dout, diagonal=None):
+    """Attention of q to every block of keys ``ks`` (values ``vs``) at once, as one process computes it, and
+    autograd's share of each block in the gradients: (o, lse, [(dq, dk, dv) of each block]).
 
-    One leaf copy of q per block, so that autograd gives each block's share of dq; the scores of every block
-    concatenated along the row, the diagonal block's causal triangle masked: attention over all the keys, as one
-    process computes it. ``shift``: every key gets ``shift`` along its first axis and every query about 3, so that
-    each row's scores all rise by about 3 shift / sqrt(d): large log-sum-exps, and a softmax as spread out as at
+    One leaf copy of q per block, so that autograd gives each block's share of dq (they add up to q's gradient); the
+    blocks' scores side by side in one softmax, block ``diagonal``'s causal triangle masked (it is the queries' own
+    chunk). Lab 14's Step 1 and its checker compare an answer with these."""
+    qs = [q.detach().clone().requires_grad_() for _ in ks]
+    ks, vs = [k.detach().clone().requires_grad_() for k in ks], [v.detach().clone().requires_grad_() for v in vs]
+    scores = []
+    for b, (q_b, k_b) in enumerate(zip(qs, ks)):
+        s = q_b @ k_b.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if b == diagonal:
+            s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+        scores.append(s)
+    scores = torch.cat(scores, -1)
+    lse = torch.logsumexp(scores, -1, keepdim=True)
+    o = torch.softmax(scores, -1) @ torch.cat(vs, -2)
+    (o * dout).sum().backward()
+    return o.detach(), lse.detach(), [(q_b.grad, k.grad, v.grad) for q_b, k, v in zip(qs, ks, vs)]
+
+
+def _case(name, g):
+    """Case ``name``: the inputs of each block's call (float32) and autograd's (dq, dk, dv) of each block (float64),
+    from ``block_references``. ``shift``: every key gets ``shift`` along its first axis and every query about 3, so
+    that each row's scores all rise by about 3 shift / sqrt(d): large log-sum-exps, and a softmax as spread out as at
     moderate scores (a near one-hot softmax would leave float32's rounding larger than the gradients)."""
     sizes, diagonal, shift = CASES[name]
     sq, d = 6, 8
@@ -184,23 +203,12 @@ def _case(name, g):
     q, dout, lift = randn(sq, d), randn(sq, d), torch.zeros(d, dtype=torch.float64)
     lift[0] = 1.0
     q = q + 3 * lift * bool(shift)
-    ks = [(randn(m, d) + shift * lift).requires_grad_() for m in sizes]
-    vs = [randn(m, d).requires_grad_() for m in sizes]
-    qs = [q.clone().requires_grad_() for _ in sizes]
-    scores = []
-    for b, (q_b, k_b) in enumerate(zip(qs, ks)):
-        s = q_b @ k_b.transpose(-2, -1) / math.sqrt(d)
-        if b == diagonal:
-            s = s.masked_fill(~torch.ones(sq, sizes[b], dtype=torch.bool).tril(), float("-inf"))
-        scores.append(s)
-    scores = torch.cat(scores, -1)
-    lse = torch.logsumexp(scores, -1, keepdim=True)
-    o = torch.softmax(scores, -1) @ torch.cat(vs, -2)
-    (o * dout).sum().backward()
-    calls = [dict(q=q.float(), k=k.detach().float(), v=v.detach().float(), o=o.detach().float(),
-                  lse=lse.detach().float(), dout=dout.float(), diagonal=b == diagonal)
-             for b, (k, v) in enumerate(zip(ks, vs))]
-    return calls, [(q_b.grad, k.grad, v.grad) for q_b, k, v in zip(qs, ks, vs)], lse
+    ks = [randn(m, d) + shift * lift for m in sizes]
+    vs = [randn(m, d) for m in sizes]
+    o, lse, want = block_references(q, ks, vs, dout, diagonal)
+    calls = [dict(q=q.float(), k=k.float(), v=v.float(), o=o.float(), lse=lse.float(), dout=dout.float(),
+                  diagonal=b == diagonal) for b, (k, v) in enumerate(zip(ks, vs))]
+    return calls, want, lse
 
 
 def _answers(block_backward, calls, name):

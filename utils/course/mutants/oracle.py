@@ -54,23 +54,16 @@ def _pipeline(answers, reference):
 
 
 def _ring_attention(answers, reference):
-    """block_backward on blocks of real attention: moderate and large scores, float32 and float64, full and diagonal."""
-    generator = torch.Generator().manual_seed(0)
+    """block_backward on the checker's own cases (ring_attention.CASES), several draws, in float32 and float64."""
+    from utils.checkers.ring_attention import CASES, _case
+    from utils.checkers.rank_secrets import generator
+
     calls = []
-    for shift in (0.0, 30.0, 100.0):
-        for dtype in (torch.float32, torch.float64):
-            for sq, sk, d, diagonal in ((5, 7, 4, False), (6, 6, 8, True), (16, 16, 32, False)):
-                q, dout = (torch.randn(2, 3, sq, d, generator=generator, dtype=dtype) for _ in "qo")
-                k, v = (torch.randn(2, 3, sk, d, generator=generator, dtype=dtype) for _ in "kv")
-                rest = torch.randn(2, 3, sk, d, generator=generator, dtype=dtype)  # the row's other keys
-                k = k + shift / d
-                scores = torch.cat([q @ k.transpose(-2, -1), q @ rest.transpose(-2, -1)], -1) / d ** 0.5
-                if diagonal:
-                    scores[..., :sk] = scores[..., :sk].masked_fill(~torch.ones(sq, sk, dtype=torch.bool).tril(),
-                                                                    float("-inf"))
-                lse = torch.logsumexp(scores, -1, keepdim=True)
-                o = torch.softmax(scores, -1) @ torch.cat([v, rest], -2)
-                calls.append((q, k, v, o, lse, dout, diagonal))
+    for seed in range(3):
+        for c, name in enumerate(CASES):
+            for call in _case(name, generator(seed, c))[0]:
+                for dtype in (torch.float32, torch.float64):
+                    calls.append(tuple(t.to(dtype) if isinstance(t, torch.Tensor) else t for t in call.values()))
     return _compare(answers["block_backward"], reference["block_backward"], calls)
 
 
