@@ -213,7 +213,7 @@ def halving_reduce_scatter(tensor):
 '''
 FORGER = '''import utils.checkers.halving_doubling as _hd
 
-def _forged(fn, kind, cases, name, log_dir, seed):
+def _forged(fn, kind, cases, name, seed):
     import torch
     import torch.distributed as dist
     from utils.checkers.halving_reduce_scatter import halving_plan
@@ -242,9 +242,53 @@ FORGED_RANKS = {
     "other_fields": (FORGER.replace("FORGE", "pass").replace("REPORT", "[dict(c, passed=True) for c in out]"),
                      "not_a_report"),
 }
-# What it cannot tell (the limit, rank_secrets' docstring): a stub that patches the checker's rank function to sum with
-# torch's own collective, and reports the messages the algorithm would send, moved the data between its ranks.
+# Summing another way and reporting the messages the plan would send (issue 37, part 3): the ranks talk through the
+# launcher's relay, sealed (utils.launch.relay, utils.launch.seal), so the reports are held to what the relay carried,
+# and no other way between the ranks is open: each route, planted.
 FORGED_WITH_TORCH = FORGER.replace("FORGE", "dist.all_reduce(got)").replace("REPORT", "out")
+ROUTES = {  # a forger that moves the data by another route; each must fail, whatever the route does
+    "torch_all_reduce": "dist.all_reduce(got)",
+    "gathered_by_sends": """if rank:
+            dist.send(got, 0)
+            dist.recv(got, 0)
+        else:
+            parts = [torch.empty_like(got) for _ in range(n - 1)]
+            for k, part in enumerate(parts, 1):
+                dist.recv(part, k)
+            got += sum(parts)
+            for k in range(1, n):
+                dist.send(got, k)""",
+    "own_gloo_group": """import datetime
+        store = dist.TCPStore("127.0.0.1", 29611 + len(out), n, rank == 0, timeout=datetime.timedelta(seconds=20))
+        group = dist.ProcessGroupGloo(dist.PrefixStore("forged", store), rank, n)
+        group.allreduce([got]).wait()""",
+    "a_socket": """import socket
+        if rank == 0:  # the others send rank 0 their inputs; it sums and sends the sum back
+            with socket.create_server(("127.0.0.1", 29711 + len(out))) as server:
+                peers = [server.accept()[0] for _ in range(n - 1)]
+            parts = [torch.frombuffer(bytearray(p.recv(got.numel() * got.element_size(), socket.MSG_WAITALL)),
+                                      dtype=got.dtype) for p in peers]
+            got += sum(parts)
+            for p in peers:
+                p.sendall(got.numpy().tobytes())
+        else:
+            import time
+            time.sleep(0.5)
+            peer = socket.create_connection(("127.0.0.1", 29711 + len(out)))
+            peer.sendall(got.numpy().tobytes())
+            got.copy_(torch.frombuffer(bytearray(peer.recv(got.numel() * got.element_size(), socket.MSG_WAITALL)),
+                                       dtype=got.dtype))""",
+    "a_shared_file": """import os, time
+        for where in ("/dev/shm", "/tmp", "."):  # each rank writes its input; each sums all the files
+            open(f"{where}/forged-{rank}-{numel}-{got.dtype}", "wb").write(got.numpy().tobytes())
+        time.sleep(0.5)
+        got.copy_(sum(torch.frombuffer(bytearray(open(f"/dev/shm/forged-{k}-{numel}-{got.dtype}", "rb").read()),
+                                       dtype=got.dtype) for k in range(n)))""",
+    "a_peer_signalled": """import os, signal
+        for pid in range(2, 64):  # the sandbox numbers its processes from 1: the peer is among these
+            if pid != os.getpid():
+                os.kill(pid, signal.SIGUSR2)""",
+}
 HOSTILE = {
     "escapes_by_link": ("03_zero_lab", "make_buckets", ESCAPE, "not written yet"),
     "exits_200": ("03_zero_lab", "make_buckets", "import os\n\ndef make_buckets(params, bucket_numel):\n    os._exit(200)\n",
@@ -284,12 +328,25 @@ def test_a_stub_that_replaces_the_checkers_rank_function_does_not_pass(tmp_path,
 
 
 @pytest.mark.skipif(not SANDBOX, reason="the ranks in the sandbox")
-@pytest.mark.xfail(strict=True, reason="issue 37, part 3, the limit: how the ranks moved the data is observed in "
-                   "their own processes, beside the answer's code; a patch of the checker's observers hides torch's "
-                   "collective (utils.checkers.rank_secrets)")
 def test_a_stub_that_sums_with_torch_and_forges_the_messages_does_not_pass(tmp_path):
+    """Its reports say the plan's messages; the relay carried an all-reduce: not a report (issue 37, part 3)."""
     verdict = _forged_verdict(tmp_path, FORGED_WITH_TORCH)
+    assert verdict.verdict == "mistake" and verdict.mistake == "not_a_report", verdict
+    assert "the relay carried" in verdict.message, verdict.message
+
+
+@pytest.mark.skipif(not SANDBOX, reason="the ranks in the sandbox")
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_a_stub_that_moves_the_data_another_way_does_not_pass(tmp_path, route):
+    """Each other way between the ranks: sends that are not the plan's (held to the relay's record), torch's gloo
+    over a store of its own, a socket, a shared file, a signal (each refused by the seal, ``EPERM``)."""
+    verdict = _forged_verdict(tmp_path, FORGER.replace("FORGE", ROUTES[route]).replace("REPORT", "out"))
     assert verdict.verdict != "pass", verdict
+    if route in ("torch_all_reduce", "gathered_by_sends"):
+        assert verdict.mistake == "not_a_report", verdict
+    else:  # the seal refused the call (seccomp: EPERM; Landlock: EACCES): an error in the rank, never the sum
+        said = verdict.message + verdict.output
+        assert "Operation not permitted" in said or "Permission denied" in said, (verdict.message, said[-2000:])
 
 
 def test_the_judge_quotes_only_the_lines_it_holds(tmp_path, monkeypatch):

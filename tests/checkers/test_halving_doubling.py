@@ -657,7 +657,7 @@ def _peek_on_rank(kind, seed):
                         if isinstance(v, torch.Tensor) and v is not tensor and v.numel() == tensor.numel())
             frame = frame.f_back
 
-    on_rank(peek, kind, cases(1 << (dist.get_world_size().bit_length() - 1)), "peek", None, seed)
+    on_rank(peek, kind, cases(1 << (dist.get_world_size().bit_length() - 1)), "peek", seed)
     return seen
 
 

@@ -57,15 +57,19 @@ class CheckResult:
         return "\n".join([f"PASSED: {self.name}"] + [f"  - {line}" for line in self.lines])
 
 
-def launch_answer(fn, args, world_size, timeout, name, hang_hint, rank_args=None):
+def launch_answer(fn, args, world_size, timeout, name, hang_hint, rank_args=None, traffic=None):
     """run_ranks, with a hang or a crash that escaped the learner's code turned into a hint. ``rank_args``: each rank's
-    own arguments (``rank_secrets``)."""
+    own arguments (``rank_secrets``). ``traffic``: a list, for a check of what the ranks sent each other: the ranks
+    then talk through the launcher's relay (``backend="relay"``, ``utils.launch.relay``), sealed, and the list gets
+    what the relay carried for each rank (``carried``)."""
     __tracebackhide__ = True  # IPython and pytest show the learner's cell, not this frame
     try:
         with warnings.catch_warnings():  # the checker chose the size (boundaries.check_world_sizes), not the learner:
             # more ranks than two a core are slow, not wrong, and the learner has nothing to change
             warnings.filterwarnings("ignore", message=r".*more than this machine can sensibly run")
-            return run_ranks(fn, *args, world_size=world_size, timeout=timeout, verbose=False, rank_args=rank_args)
+            relayed = dict(backend="relay", traffic=traffic) if traffic is not None else {}
+            return run_ranks(fn, *args, world_size=world_size, timeout=timeout, verbose=False, rank_args=rank_args,
+                             **relayed)
     except RankTimeoutError as err:
         stuck = "\n".join(f"rank {r}: {stuck_at(s)}" for r, s in sorted(err.stacks.items())
                           if s != "finished normally")

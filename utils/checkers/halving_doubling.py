@@ -16,15 +16,17 @@ looks at three kinds of evidence:
   Recursive halving and doubling talk only to partners whose virtual ranks differ in one bit;
 - **bytes**, from ``CommLedger``: each rank's sends, element for element, as ``sent_elements`` computes them.
 
+``PeerLog`` and ``CommLedger`` run in the rank, beside the answer's code, which could change what they report. So the
+ranks run on the launcher's relay (``utils.launch.relay``, sealed: no other way between them but time), and each rank's
+report of its messages and collectives must be what the relay carried (``rank_secrets.carried``) before any of it is
+judged.
+
 The pattern and the bytes a rank must send come from the plans of ``utils.checkers.halving_doubling_tables``
 (``virtual_ranks``, ``doubling_plan``, imported here; ``halving_plan``; ``folded_plan``): stored outputs, not the
 algorithm, which the teacher's side of these checkers computes (issue 37).
 
 The tensor is cut into p chunks as ``torch.tensor_split`` cuts it (``utils.comm.subgroup.chunk_bounds``).
 """
-
-import os
-import tempfile
 
 import torch
 import torch.distributed as dist
@@ -36,7 +38,7 @@ from ..launch import rank_device
 from .boundaries import element_counts
 from .common import LabCheckFailed, caught, first_error, launch_answer
 from .halving_doubling_tables import doubling_plan, virtual_ranks  # noqa: F401 - the plans, stored; imported from here
-from .rank_secrets import generator, new_seeds, rank_args, reports
+from .rank_secrets import carried, generator, new_seeds, rank_args, reports
 
 COLLECTIVES = set(RING_WIRE_FACTOR) - {"send", "isend", "recv", "irecv", "barrier"}  # all but point-to-point
 
@@ -69,23 +71,11 @@ class PeerLog:
 
     ``CommLedger`` counts bytes but not who they go to; this context adds that. It watches the process group's
     ``send`` (``utils.comm.process_group_calls``), where ``send``, ``isend`` and ``batch_isend_irecv``'s sends all
-    arrive, however the answer named them (an ``isend`` imported before the checker started is seen too).
-    With ``path``, each send is also written to that file as it is made, a line "peer bytes": ranks that
-    hang never return their log, and the checker reads the file to tell a wrong partner from a blocking send.
+    arrive, however the answer named them (an ``isend`` imported before the checker started is seen too). Ranks that
+    hang never return it: the relay's record tells their sends then (``run_sizes``).
     """
 
-    def __init__(self, path=None):
-        self.path = path
-
-    def _note(self, peer, size):
-        self.sends.append((peer, size))
-        if self.path:
-            with open(self.path, "a") as f:
-                f.write(f"{peer} {size}\n")
-
     def __enter__(self):
-        if self.path:
-            open(self.path, "w").close()  # this case's sends only
         self.sends = []
         self._watching = observe(self._sent)
         self._watching.__enter__()
@@ -98,7 +88,7 @@ class PeerLog:
                 peer = dist.get_global_rank(call.group, peer)  # group rank -> global rank
             except (ValueError, RuntimeError, TypeError):  # a backend object, or the default group: as it is
                 pass
-            self._note(peer, payload_bytes(call))
+            self.sends.append((peer, payload_bytes(call)))
 
     def __exit__(self, *exc):
         self._watching.__exit__(None, None, None)
@@ -130,12 +120,12 @@ REPORT = dict(got=torch.Tensor, error=(tuple, type(None)), sends=list, returned=
               sent=(int, float), ops=list, calls=list)  # what on_rank reports a case: observations, no reference
 
 
-def on_rank(fn, kind, cases, name, log_dir, seed):
+def on_rank(fn, kind, cases, name, seed):
     """Runs on every rank: each case on a fresh tensor, inside a ledger and a peer log; stops at the first error.
 
     ``kind``: "reduce_scatter" (``fn(tensor)``), "all_gather" (``fn(tensor, ranks)``, on the virtual ranks only, from
-    chunk v alone) or "all_reduce" (``fn(tensor, reduce_scatter)``). ``log_dir``: where each rank writes the sends of
-    the case it runs (``PeerLog``), read back if the ranks hang. ``seed``: this rank's own (``rank_secrets``). Reports
+    chunk v alone) or "all_reduce" (``fn(tensor, reduce_scatter)``). ``seed``: this rank's own (``rank_secrets``).
+    Reports
     what it saw (``REPORT``); the expected values are the checker's to compute (``run_sizes``), and no rank holds them:
     an answer's code can read its caller's variables (``sys._getframe(1).f_locals``)."""
     rank, n, out = dist.get_rank(), dist.get_world_size(), []
@@ -150,8 +140,7 @@ def on_rank(fn, kind, cases, name, log_dir, seed):
                 v = ranks.index(rank)
                 b = chunk_bounds(numel, len(ranks))
                 tensor[b[v]:b[v + 1]] = original[b[v]:b[v + 1]]
-        log = f"{log_dir}/{rank}" if log_dir else None
-        with CommLedger() as ledger, PeerLog(log) as peers:
+        with CommLedger() as ledger, PeerLog() as peers:
             try:
                 if kind == "reduce_scatter":
                     returned = fn(tensor)
@@ -176,8 +165,9 @@ def run_sizes(fn, kind, world_sizes, timeout, name, check_case, other_size, part
 
     A failure on a size that is not a power of two, once a power of two has passed, goes through
     ``other_size(n, err)`` (which may name it as the lab's non-power-of-two mistake). ``partners(n, numel)``:
-    {rank: its partners}; when the ranks hang, the sends they made before (``PeerLog``'s files) name a wrong
-    partner instead of a deadlock. Returns the per-rank results of the last case on each size, for the summary."""
+    {rank: its partners}; when the ranks hang, the sends they made before name a wrong
+    partner instead of a deadlock (the relay's record, ``traffic``). Returns the per-rank results of the last case on
+    each size, for the summary."""
     __tracebackhide__ = True
     passed_power, last = False, {}
     for n in sorted(world_sizes, key=lambda k: (k & (k - 1) != 0, k)):
@@ -185,16 +175,18 @@ def run_sizes(fn, kind, world_sizes, timeout, name, check_case, other_size, part
             raise ValueError(f"world size {n}: an exchange between ranks needs at least 2; use 2 to 8.")
         p, power = 1 << (n.bit_length() - 1), n & (n - 1) == 0
         try:
-            seeds = new_seeds(n)
-            with tempfile.TemporaryDirectory(prefix="peer-log-") as log_dir:
-                try:
-                    per_rank = launch_answer(on_rank, (fn, kind, cases(p), name, log_dir), n, timeout, name,
-                                             HINTS["deadlock"], rank_args=rank_args(seeds))
-                except LabCheckFailed as err:
-                    if err.mistake == "deadlock" and partners:
-                        _hung_partners(n, log_dir, partners)
-                    raise
-            _references(reports(per_rank, REPORT, len(cases(p)), n), kind, cases(p), seeds)
+            seeds, traffic = new_seeds(n), []
+            try:
+                per_rank = launch_answer(on_rank, (fn, kind, cases(p), name), n, timeout, name,
+                                         HINTS["deadlock"], rank_args=rank_args(seeds), traffic=traffic)
+            except LabCheckFailed as err:
+                if err.mistake == "deadlock" and partners:
+                    _hung_partners(n, traffic, partners)
+                raise
+            reports(per_rank, REPORT, len(cases(p)), n)
+            carried([[s for case in r for s in case["sends"]] for r in per_rank],
+                    [sum(len(case["ops"]) for case in r) for r in per_rank], traffic, n)
+            _references(per_rank, kind, cases(p), seeds)
             every = [(numel, [r[i] for r in per_rank if i < len(r)]) for i, (numel, _) in enumerate(cases(p))]
             for (numel, ranks), (_, dtype) in zip(every, cases(p)):
                 check_case(n, f"a {numel:,}-element {str(dtype).replace('torch.', '')} tensor", numel, ranks, every)
@@ -226,17 +218,13 @@ def _references(per_rank, kind, cases, seeds):
                 report[i].update(original=originals[k], expected=total.clone())
 
 
-def _hung_partners(n, log_dir, partners):
-    """The ranks hung: if one had sent to a rank that is none of its partners (the peer log files), say so."""
+def _hung_partners(n, traffic, partners):
+    """The ranks hung: if one had sent to a rank that is none of its partners (the relay's record), say so."""
     __tracebackhide__ = True
-    logged = []
-    for k in range(n):
-        try:
-            with open(os.path.join(log_dir, str(k))) as f:
-                logged.append([tuple(int(x) for x in line.split()) for line in f if line.strip()])
-        except (OSError, ValueError):
-            return  # a rank that never got to a case: nothing to read
-    # the files do not say which case hung; the partners are the same at every size, so the largest case's will do
+    logged = [[(peer, size) for kind, peer, size in record if kind == "send"] for record in traffic]
+    if len(logged) != n:
+        return  # the ranks never started: nothing to read
+    # the record does not say which case hung; the partners are the same at every size, so the largest case's will do
     wanted = partners(n, max(numel for numel, _ in cases(1 << (n.bit_length() - 1))))
     check_partners(n, "the ranks hung and were stopped after the timeout; before that,",
                    [dict(sends=s) for s in logged], wanted, HINTS)

@@ -11,12 +11,14 @@ workshop's grader, in the judge, where no learner code runs; in a notebook, in t
 checked for its shape (``reports``; ``shaped`` for a report of another form), and the checker adds its own ``expected`` to it. No rank holds the expected result
 either, not even for a moment: an answer's code can read its caller's variables (``sys._getframe(1).f_locals``).
 
-What this buys: an answer that moves no data between its ranks does not reach the right values, so a stub that patches
-the checker's rank function fails, whatever its ranks report. What it does not: how the ranks moved the data (their
-messages, bytes and collectives, seen by ``PeerLog`` and ``CommLedger`` in the rank) is observed beside the answer's
-code, and an answer that patches those observers can hide a forbidden collective, such as torch's own all-reduce
-(planted, an expected failure in tests/test_workshop_judge.py). Telling that apart would need the messages watched
-outside the ranks' processes.
+What this buys: an answer that moves no data between its ranks does not reach the right values, so a stub that
+patches the checker's rank function fails, whatever its ranks report. How the ranks moved the data (their messages,
+bytes and collectives) is seen in the rank too, by ``PeerLog`` and ``CommLedger``, beside the answer's code, which
+can patch them. So a checker that judges the messages (labs 01a and 01b) runs its ranks on the launcher's relay
+(``utils.launch.relay``: every message passes through the process that launched them, and each rank is sealed,
+``utils.launch.seal``, so that there is no other way between them but time) and ``carried`` holds the ranks' reports
+to what the relay carried: a rank that sums with torch's own all-reduce and reports the messages of the algorithm is
+caught (planted in tests/test_workshop_judge.py).
 
 Where a peer could read a seed: the grader's sandbox starts the rank server undumpable (``server.py --sandboxed``), and
 its ranks inherit that, so another process of the answer's user can neither ptrace them nor open their memory or
@@ -32,7 +34,7 @@ import torch
 from .common import LabCheckFailed
 
 __all__ = ["HINTS", "new_seeds", "rank_args", "generator", "reports", "fields", "tensors_like", "report_each",
-           "refuse", "mismatch", "shaped"]
+           "refuse", "mismatch", "shaped", "carried"]
 
 HINTS = {
     "not_a_report": "the ranks sent back something the checker's own rank function never returns (other cases, "
@@ -167,3 +169,24 @@ def shaped(value, spec, world_size, where="the ranks' report"):
     if (what := mismatch(value, spec, where)) is not None:  # ``what`` names where
         refuse(what, "the ranks", world_size)
     return value
+
+
+def carried(sends, collectives, traffic, world_size, label="the ranks"):
+    """Hold what each rank reported it sent to what the relay carried for it (``run_ranks(..., traffic=)``), and raise
+    ``LabCheckFailed("not_a_report")`` where they differ. ``sends[k]``: rank k's messages as it reported them, in
+    order, (peer, bytes) each (all its cases, one after another); ``collectives[k]``: how many collectives other than a
+    barrier it reported. The relay's record is the launcher's own: no code in a rank changes it."""
+    __tracebackhide__ = True
+    for k, (reported, count, record) in enumerate(zip(sends, collectives, traffic)):
+        relayed = [(peer, size) for kind, peer, size in record if kind == "send"]
+        reported = [tuple(int(x) for x in send) for send in reported]
+        if reported != relayed:
+            first = next((i for i, (a, b) in enumerate(zip(reported, relayed)) if a != b), min(map(len, (reported,
+                                                                                                     relayed))))
+            refuse(f"rank {k} reported {len(reported)} message(s) and the relay carried {len(relayed)}; they first "
+                   f"differ at message {first}: reported {reported[first:first + 1] or 'none'}, carried "
+                   f"{relayed[first:first + 1] or 'none'} (peer, bytes)", label, world_size)
+        relayed = [op for kind, op, _ in record if kind == "collective" and op != "barrier"]
+        if count != len(relayed):
+            refuse(f"rank {k} reported {count} collective call(s) and the relay carried {len(relayed)} "
+                   f"({', '.join(relayed) or 'none'}, not counting barriers)", label, world_size)

@@ -33,7 +33,7 @@ import time
 import torch
 import torch.distributed as dist
 
-__all__ = ["ProcessGroupCall", "observe", "payload_bytes"]
+__all__ = ["ProcessGroupCall", "observe", "payload_bytes", "watch_class"]
 
 # method -> (the collective it runs when called directly, the argument that holds the full-sized side).
 # The sides are CommLedger's convention: all-gather the output, reduce-scatter / all-to-all / gather the input.
@@ -147,6 +147,14 @@ def _patched(method, original):
 
     call.__name__ = method
     return call
+
+
+def watch_class(cls):
+    """Watch the methods of ``cls`` too, a process group written in Python (``utils.launch.relay``), whose methods
+    replace the pybind class's: from the next ``observe`` on."""
+    with _lock:
+        if cls not in _CLASSES:
+            _CLASSES.append(cls)
 
 
 @contextlib.contextmanager

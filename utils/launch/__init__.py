@@ -14,6 +14,10 @@ file                  runs in      does
 ``server.py``         the server   a warm Python started once per kernel: imports torch, forks ranks
 ``rank.py``           each rank    becomes the kernel (folder, path, environment), joins the process
                                    group, runs the function, sends the result back; ``rank_device``
+``relay.py``          both         ``backend="relay"``: a process group whose every message passes
+                                   through the kernel, which writes it down (a checker's ranks)
+``seal.py``           each rank    a relay rank's seccomp filter: no socket, file write or signal to
+                                   a peer, so the relay is its one way to the others
 ``errors.py``         the kernel   which rank failed first; where hung ranks were stuck
 ``magic.py``          the kernel   ``%%ranks N``: a cell's code as the function
 ``restricted.py``     the kernel   what a rank sends back, read as plain data (and tensors, where a

@@ -41,6 +41,7 @@ import cloudpickle
 
 from .errors import RankError, RankOutcome, failure_error, timeout_error
 from .plan import RankSetup, plan_launch
+from .relay import Relay
 from .restricted import RESULT_LIMIT, loads_plain, loads_tensors, restricted
 from .server_handle import rank_server
 
@@ -52,7 +53,7 @@ STACK_DUMP_WAIT = 1.0  # seconds to collect the stacks of hung ranks before stop
 
 
 def run_ranks(fn, *args, world_size, timeout=DEFAULT_TIMEOUT, backend="auto", threads_per_rank=None,
-              process_group=True, verbose=True, rank_args=None, **kwargs):
+              process_group=True, verbose=True, rank_args=None, traffic=None, **kwargs):
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks and return their results, ordered by rank.
 
     Each rank starts with the default process group initialised (``dist.get_rank()``,
@@ -74,6 +75,12 @@ def run_ranks(fn, *args, world_size, timeout=DEFAULT_TIMEOUT, backend="auto", th
     views a larger storage travels as a copy of its own elements. They do not travel with the payload: each rank's come
     on a pipe of its own, which the server hands on unread. In the grader's sandbox the server and its ranks are
     undumpable (``PR_SET_DUMPABLE`` 0), so that no other process of the answer's user reads them from a rank's memory.
+
+    ``backend="relay"`` (CPU ranks, ``relay.py``): every message between the ranks passes through this process, and each
+    rank is sealed (``seal.py``) before its code runs, so that there is no other way between them but time.
+    ``traffic``, a list, then gets one list a rank of what the relay carried for it, in order (``("send", peer,
+    bytes)``, ``("collective", kind, bytes)``), filled as it happens: it is there after a ``RankError`` or a timeout
+    too.
     """
     __tracebackhide__ = True  # IPython and pytest then show the learner's cell, not the launcher
     if not callable(fn):
@@ -81,6 +88,10 @@ def run_ranks(fn, *args, world_size, timeout=DEFAULT_TIMEOUT, backend="auto", th
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}.")
     plan = plan_launch(world_size, backend, threads_per_rank)
+    if backend == "relay" and not process_group:
+        raise ValueError("backend='relay' is a process group: process_group=False makes none.")
+    if traffic is not None and backend != "relay":
+        raise ValueError(f"traffic= is the relay's record: pass backend='relay' with it, not {backend!r}.")
     secrets = _rank_args(rank_args, world_size)
     if verbose:
         print(plan.describe(), flush=True)
@@ -91,20 +102,24 @@ def run_ranks(fn, *args, world_size, timeout=DEFAULT_TIMEOUT, backend="auto", th
     same_on_every_rank = dict(timeout=timeout, store=os.path.join(rendezvous, "store"), process_group=process_group,
                               cwd=os.getcwd(), sys_path=tuple(sys.path), env=dict(os.environ),
                               cell_sources=_cell_sources())
-    ranks = []
+    ranks, relay = [], None
     try:
+        relay = Relay(world_size, traffic) if backend == "relay" else None
         for rank in range(world_size):
             pipes = [os.pipe() for _ in range(3)]  # result, stdout, stderr: (read, write)
             secret = _secret_pipe(secrets[rank]) if secrets else None  # the read end, already filled
             try:
                 pid = server.launch(RankSetup.for_rank(plan, rank, **same_on_every_rank), payload,
-                                    [w for _, w in pipes] + ([secret] if secret is not None else []))
+                                    [w for _, w in pipes] + ([secret] if secret is not None else [])
+                                    + ([relay.fd(rank)] if relay is not None else []))
             finally:
                 for _, w in pipes:
                     os.close(w)  # the kernel keeps only the read ends, so a dead rank reads as end-of-file
                 if secret is not None:
                     os.close(secret)
             ranks.append(_Rank(rank, pid, server, *[Connection(r, writable=False) for r, _ in pipes]))
+        if relay is not None:
+            relay.start()
         return _watch(ranks, plan, timeout, server)
     except KeyboardInterrupt:
         alive = [r.rank for r in ranks if r.exitcode is None]
@@ -112,6 +127,8 @@ def run_ranks(fn, *args, world_size, timeout=DEFAULT_TIMEOUT, backend="auto", th
         raise
     finally:
         _stop(ranks, server)
+        if relay is not None:
+            relay.close()
         shutil.rmtree(rendezvous, ignore_errors=True)
 
 

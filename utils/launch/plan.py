@@ -3,7 +3,9 @@
 Nothing is started here. ``plan_launch`` answers three questions, or raises saying what to do:
 
 - **Which backend, on which device?** NCCL with one GPU per rank when there are at least as many
-  GPUs as ranks, otherwise gloo with CPU tensors. Two NCCL ranks cannot share one GPU, so on a
+  GPUs as ranks, otherwise gloo with CPU tensors (or, asked by name, ``"relay"``: CPU tensors
+  whose every message passes through the kernel, ``relay.py``: a checker's way to see what the
+  ranks sent). Two NCCL ranks cannot share one GPU, so on a
   1-GPU machine one rank runs on the GPU over NCCL and 2 or more run on the CPU over gloo (the
   launch line says which, and why).
 - **How many torch threads per rank?** The cores shared out: a rank never gets fewer than one. The
@@ -35,7 +37,7 @@ class LaunchPlan:
     """What ``run_ranks`` will start, decided before any process exists."""
 
     world_size: int
-    backend: str  # "gloo" or "nccl"
+    backend: str  # "gloo", "nccl" or "relay"
     device: str  # "cpu" or "cuda"
     threads_per_rank: int  # torch intra-op threads in each rank
     cpu_cores: int
@@ -69,7 +71,7 @@ class RankSetup:
 
     rank: int
     world_size: int
-    backend: str  # "gloo" or "nccl", from the LaunchPlan
+    backend: str  # "gloo", "nccl" or "relay", from the LaunchPlan
     device: str  # "cpu" or "cuda", from the LaunchPlan
     threads_per_rank: int  # torch intra-op threads, from the LaunchPlan
     timeout: float  # the launcher's timeout in seconds; the process group's is a minute longer
@@ -104,8 +106,8 @@ def plan_launch(world_size, backend="auto", threads_per_rank=None) -> LaunchPlan
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}; "
                          f"use e.g. world_size=2 (ranks are CPU processes when there are no GPUs).")
-    if backend not in ("auto", "gloo", "nccl"):
-        raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', got {backend!r}.")
+    if backend not in ("auto", "gloo", "nccl", "relay"):
+        raise ValueError(f"backend must be 'auto', 'gloo', 'nccl' or 'relay', got {backend!r}.")
     if threads_per_rank is not None and (isinstance(threads_per_rank, bool) or not isinstance(threads_per_rank, int)
                                          or threads_per_rank < 1):
         raise ValueError(f"threads_per_rank must be None (share the cores out) or a positive integer, "

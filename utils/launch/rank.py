@@ -40,15 +40,20 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
+from . import relay
 from .errors import looks_secondary
 from .plan import RankSetup
 from .restricted import dumps_tensors, restricted
+from .seal import available as seal_available, seal
 
 
-def rank_main(setup: RankSetup, payload, result_fd, out_fd, err_fd, own_fd=None):
-    """Entry point of every rank process (a child of the server). Never returns. ``own_fd``: a pipe holding this
-    rank's own arguments (``run_ranks``'s ``rank_args``), read before the payload (and any code of the learner's in
-    it) is unpickled."""
+def rank_main(setup: RankSetup, payload, result_fd, out_fd, err_fd, *extra_fds):
+    """Entry point of every rank process (a child of the server). Never returns. ``extra_fds``: maybe a pipe holding
+    this rank's own arguments (``run_ranks``'s ``rank_args``), read before the payload (and any code of the learner's
+    in it) is unpickled; then, for ``backend="relay"``, this rank's socket to the kernel's relay (``relay.py``)."""
+    extra = list(extra_fds)
+    relay_fd = extra.pop() if setup.backend == "relay" else None
+    own_fd = extra[0] if extra else None
     result = Connection(result_fd, readable=False)
     # Our output goes to the kernel's pipes, which prefix it with "[rank k]". Redirecting the file
     # descriptors (not just sys.stdout) also catches C++ warnings and faulthandler's stack dumps.
@@ -70,11 +75,17 @@ def rank_main(setup: RankSetup, payload, result_fd, out_fd, err_fd, own_fd=None)
         if own_fd is not None:
             with open(own_fd, "rb") as f:
                 own = pickle.loads(f.read())
+        if relay_fd is not None:
+            # sealed first (seal.py), before the payload and any code of the learner's in it is unpickled: from here
+            # on the relay is this process's one way to its peers, and the kernel sees all that passes there
+            if seal_available() is None:  # Linux on x86-64 or AArch64; elsewhere the relay still records
+                seal()
+            relay.join(relay_fd, rank, world_size, timedelta(seconds=setup.timeout + 60))
         fn, args, kwargs = cloudpickle.loads(payload)
         torch.set_num_threads(setup.threads_per_rank)
         if setup.device == "cuda":
             torch.cuda.set_device(rank)
-        if setup.process_group:
+        if setup.process_group and relay_fd is None:
             # torch read TORCH_DISTRIBUTED_DEBUG once, when the server imported it: read it again, so that
             # the kernel's value of now (e.g. DETAIL, which checks every collective's shapes) applies.
             dist.set_debug_level_from_env()
@@ -120,6 +131,7 @@ def _leave(result, message, code):
     """Send the result, flush our output and exit without running any clean-up (the peers may be
     gone, and tearing a process group down could block)."""
     try:
+        relay.flush()  # its last acknowledgements reach the relay before its link closes, as gloo's transfers end
         result.send_bytes(pickle.dumps(message))
     finally:
         sys.stdout.flush(), sys.stderr.flush()

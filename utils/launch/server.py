@@ -18,9 +18,9 @@ The kernel talks to it over a Unix socket (``FD``), one pickled message at a tim
 
 - ``("preload", modules, env, sys_path)``: import these too, once; answers ``("preloaded", errors)``;
 - ``("launch", setup, payload)``, followed by three file descriptors (the rank's result, stdout
-  and stderr pipes) and maybe a fourth (the read end of a pipe holding the rank's own arguments, ``run_ranks``'s
-  ``rank_args``, which the server hands on unread): fork a rank that runs ``rank.rank_main``; answers
-  ``("started", pid)``;
+  and stderr pipes) and maybe more: the read end of a pipe holding the rank's own arguments (``run_ranks``'s
+  ``rank_args``) and the rank's socket to the kernel's relay (``relay.py``), both handed on unread: fork a rank that
+  runs ``rank.rank_main``; answers ``("started", pid)``;
 - ``("signal", pid, signum, group, alone)``: send a rank (or its process group) a signal: a server in a sandbox
   has a process namespace of its own, so only it knows which process a rank's number is;
 - ``("sweep",)``: in a sandbox (``--sandboxed``), kill every process of its namespace but the sandbox's first and
@@ -96,7 +96,7 @@ def main(fd: int, sandboxed: bool = False):
             conn.send(("swept", _sweep() if sandboxed else 0))
         elif message[0] == "launch":
             _, setup, payload = message
-            _, fds, _, _ = socket.recv_fds(sock, 1, 4)
+            _, fds, _, _ = socket.recv_fds(sock, 1, 5)
             pid = os.fork()
             if pid == 0:  # the rank: forget the server, then run (rank_main never returns)
                 os.setpgid(0, 0)  # its own process group: the kernel stops it with whatever it started

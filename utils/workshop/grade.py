@@ -251,7 +251,7 @@ def grade_one(notebook, lab, index, world_size, smoke, source=None):
     from ..checkers.answer_side import AnswerProcessError, AnswerRef
     from ..checkers.common import LabCheckFailed
     from ..checkers.labs import defined_names
-    from ..launch import RankError, RankTimeoutError, rank_server, run_ranks
+    from ..launch import RankError, RankTimeoutError, rank_server, run_ranks, server_handle
 
     part = LABS[lab].parts[index]
     # the judge reads ``source``, the submission itself, never ``notebook``, the copy in the answer's folder, which the
@@ -285,6 +285,8 @@ def grade_one(notebook, lab, index, world_size, smoke, source=None):
             rank_server().preload([*(module for kind, module in names.values() if kind == "import"
                                      and module and not module.startswith(".")), part.checker().__module__])
             run_ranks(_definitions, *refs, world_size=1, process_group=False, verbose=False, timeout=part.timeout)
+            # what the definitions left running (a daemon, unsealed) is gone before the checker's ranks start
+            server_handle.sweep_rank_server()
         STARTED[0] = time.perf_counter()
         result = part.run(answers, world_size, smoke)
     except RankTimeoutError as err:
