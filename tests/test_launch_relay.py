@@ -42,7 +42,7 @@ def _talks():
 
 
 def test_the_relay_carries_and_records_every_message():
-    traffic = []
+    traffic = []  # bytes as CommLedger counts a payload: an all-gather's output, every other call's input
     out = run_ranks(_talks, world_size=3, backend="relay", traffic=traffic, verbose=False, timeout=60)
     for rank, r in enumerate(out):
         assert r["total"] == 6 and r["got"] == [(rank - 1) % 3 + i for i in range(5)], r
@@ -50,7 +50,7 @@ def test_the_relay_carries_and_records_every_message():
         assert r["gathered"] == [0.0, 1.0, 2.0] and r["root"] == 2.0 and r["backend"] == "relay", r
         assert r["pair"] == (4.0 if rank in (0, 2) else None), r
     assert traffic[1] == [("collective", "barrier", 0), ("collective", "sum_all", 4), ("send", 2, 40),
-                          ("collective", "sum_scatter", 24), ("collective", "gather_all", 4),
+                          ("collective", "sum_scatter", 24), ("collective", "gather_all", 12),
                           ("collective", "from_root", 4)], traffic[1]
     assert ("collective", "sum_all", 4) in traffic[0][-1:] and ("collective", "sum_all", 4) in traffic[2][-1:], traffic
 

@@ -454,11 +454,14 @@ def _forged(ddp_class, x, y, lr, caps, seed, shard):
         for mine in shard:  # this rank's samples alone, in one process
             opt.zero_grad()
             F.cross_entropy(model(x[mine]), y[mine]).backward()
+            SUM
             grads = grads or {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
             buckets = expected_buckets(model, cap)
             steps.append(dict(calls=[(b, True, True) for b in buckets], payload=sum(buckets), held=False, barriers=0))
             opt.step()
-        out.append(dict(error=None, steps=steps, after_broadcast=after, grads=grads, final=_state(model)))
+        calls = [("broadcast", t.nbytes) for t in [*model.parameters(), *model.buffers()]] if "FORGE" != "pass" else []
+        calls += [("all_reduce", b) for _ in shard for b in expected_buckets(model, cap)] if "SUM" != "pass" else []
+        out.append(dict(error=None, steps=steps, after_broadcast=after, grads=grads, final=_state(model), calls=calls))
     return REPORT
 
 class _Patch:  # in the rank: the checker's own rank function replaced
@@ -466,14 +469,20 @@ class _Patch:  # in the rank: the checker's own rank function replaced
 
 '''
 BROADCAST = "[dist.broadcast(t.data, 0) for t in [*model.parameters(), *model.buffers()]]"
+# the right values, by torch's all-reduce of each gradient, reported as the buckets the checker expects (issue 37, part
+# 3): the ranks talk through the launcher's relay, whose record is not the report
+SUM = "[(dist.all_reduce(p.grad), p.grad.div_(dist.get_world_size())) for p in model.parameters() if p.grad is not None]"
+HONEST = FORGER.replace("SUM", "pass")
 FORGED_RANKS = {
-    "its_own_model_and_samples": (FORGER.replace("FORGE", "pass").replace("REPORT", "out"), "no_broadcast"),
-    # rank 0's model, by a broadcast the forger makes itself: its own samples still give it away
-    "rank_0s_model_its_own_samples": (FORGER.replace("FORGE", BROADCAST).replace("REPORT", "out"), "not_reduced"),
-    "no_cap": (FORGER.replace("FORGE", "pass").replace("REPORT", "[]"), "not_a_report"),
-    "other_fields": (FORGER.replace("FORGE", "pass").replace("REPORT", "[dict(r, passed=True) for r in out]"),
+    "its_own_model_and_samples": (HONEST.replace("FORGE", "pass").replace("REPORT", "out"), "no_broadcast"),
+    # rank 0's model, by a broadcast the forger makes itself (and reports): its own samples still give it away
+    "rank_0s_model_its_own_samples": (HONEST.replace("FORGE", BROADCAST).replace("REPORT", "out"), "not_reduced"),
+    "sums_with_torch_reports_buckets": (FORGER.replace("FORGE", BROADCAST).replace("SUM", SUM).replace("REPORT", "out"),
+                                        "not_a_report"),
+    "no_cap": (HONEST.replace("FORGE", "pass").replace("REPORT", "[]"), "not_a_report"),
+    "other_fields": (HONEST.replace("FORGE", "pass").replace("REPORT", "[dict(r, passed=True) for r in out]"),
                      "not_a_report"),
-    "a_number_for_each_weight": (FORGER.replace("FORGE", "pass").replace(
+    "a_number_for_each_weight": (HONEST.replace("FORGE", "pass").replace(
         "REPORT", "[dict(r, final={k: v.sum() for k, v in r['final'].items()}) for r in out]"), "not_a_report"),
 }
 

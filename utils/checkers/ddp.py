@@ -12,6 +12,11 @@ gradient after backward, gets them too. So three kinds of evidence:
   forgotten division). Each rank gets its own seed and its own samples of every batch, and nothing of its peers'
   (``rank_secrets``): the checker alone holds rank 0's seed and the whole batches, and computes that one process
   itself, so an answer that replaces this module's rank function still has to move data between its ranks.
+
+``AllReduceLog`` and ``CommLedger`` run in the rank, beside the answer's code, which could change what they report; so
+the ranks talk through the launcher's relay (``utils.launch.relay``, sealed), and each rank's calls, as its ledger saw
+them from its model's construction on, must be those the relay carried (``rank_secrets.carried_calls``): an answer
+that sums every gradient with its own all-reduce and reports the buckets is refused (planted in the lab's tests).
 """
 
 import threading
@@ -30,7 +35,7 @@ from ..models import ToyNet, make_model
 from .boundaries import bucket_caps
 from .common import GRAD_TOL, WEIGHT_TOL, CheckResult, LabCheckFailed, caught, close, first_error, launch_answer, raise_if_error
 from .rank_secrets import HINTS as SECRET_HINTS
-from .rank_secrets import fields, generator, new_seeds, reports, tensors_like
+from .rank_secrets import carried_calls, fields, generator, new_seeds, reports, tensors_like
 
 # bytes (utils.checkers.boundaries.bucket_caps on ToyNet's trainable gradients, last first: 40, 2,560, 256, 256,
 # 16,384, 256, 16,384 B): one bucket for all (1 MB); a cap reached inside a tensor (4 KB: a parameter is never
@@ -184,7 +189,7 @@ def _max_diff(a, b):
 
 PER_RANK = 16  # samples of each step's global batch on each rank
 REPORT = dict(error=(tuple, type(None)), steps=list, after_broadcast=(dict, type(None)), grads=(dict, type(None)),
-              final=(dict, type(None)))  # what _on_rank reports a cap: observations, no reference
+              final=(dict, type(None)), calls=[[str, int]])  # what _on_rank reports a cap: observations, no reference
 STEP = dict(calls=list, payload=(int, float), held=(bool, type(None)), barriers=int)  # and a step of it
 
 
@@ -197,10 +202,12 @@ def _on_rank(ddp_class, x, y, lr, caps, seed, shard):
     x, y, out = x.to(device), y.to(device), []
     for cap in caps:
         model = make_model(seed).to(device)  # every rank starts different, so a missing broadcast shows
-        run = dict(error=None, steps=[], after_broadcast=None, grads=None, final=None)
+        run = dict(error=None, steps=[], after_broadcast=None, grads=None, final=None, calls=[])
         stage = f"{ddp_class.__name__}(model, {cap})"
         out.append(run)
+        everything = CommLedger()  # every call of the run, in order (the constructor's, a forward's): the relay's?
         try:
+            everything.__enter__()
             ddp = ddp_class(model, cap)
             run["after_broadcast"], stage = _state(model), f"{ddp_class.__name__}.finish"
             opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -222,6 +229,9 @@ def _on_rank(ddp_class, x, y, lr, caps, seed, shard):
         except Exception as exc:  # noqa: BLE001 - reported to the learner in the kernel
             run["error"] = caught(exc, stage)
             break
+        finally:
+            everything.__exit__(None, None, None)
+            run["calls"] = [(r.op, int(r.payload_bytes)) for r in everything.records]
     return out
 
 
@@ -357,11 +367,14 @@ def check_ddp(ddp_class, world_sizes=(2, 3), steps=3, caps=CAPS, lr=0.2, timeout
     lines = []
     for n in world_sizes:
         seeds, batches = new_seeds(n), _batches(len(x), steps, n)  # (steps, 16n) indices
+        traffic = []
         per_rank = launch_answer(_on_rank, (ddp_class, x, y, lr, caps), n, timeout, f"{ddp_class.__name__}",
-                                 HINTS["deadlock"], rank_args=_rank_args(seeds, batches))
+                                 HINTS["deadlock"], rank_args=_rank_args(seeds, batches), traffic=traffic)
         start = _initial(seeds[0])  # rank 0's model before the broadcast: what every replica must hold after it
         ref_grads, ref_final = _single_process(x, y, batches, lr, seeds[0])
         per_rank = _observed(per_rank, caps, steps, n, start, ref_grads)
+        if not any(run["error"] for runs in per_rank for run in runs):  # each rank's calls: what the relay carried?
+            carried_calls([[tuple(call) for run in runs for call in run["calls"]] for runs in per_rank], traffic, n)
         made = []
         for i, cap in enumerate(caps):
             runs = [r[i] for r in per_rank if i < len(r)]

@@ -14,7 +14,7 @@ either, not even for a moment: an answer's code can read its caller's variables 
 What this buys: an answer that moves no data between its ranks does not reach the right values, so a stub that
 patches the checker's rank function fails, whatever its ranks report. How the ranks moved the data (their messages,
 bytes and collectives) is seen in the rank too, by ``PeerLog`` and ``CommLedger``, beside the answer's code, which
-can patch them. So a checker that judges the messages (labs 01a and 01b) runs its ranks on the launcher's relay
+can patch them. So a checker that judges the messages or the collectives (labs 01a, 01b, 02, 03) runs its ranks on the launcher's relay
 (``utils.launch.relay``: every message passes through the process that launched them, and each rank is sealed,
 ``utils.launch.seal``, so that there is no other way between them but time) and ``carried`` holds the ranks' reports
 to what the relay carried: a rank that sums with torch's own all-reduce and reports the messages of the algorithm is
@@ -34,7 +34,7 @@ import torch
 from .common import LabCheckFailed
 
 __all__ = ["HINTS", "new_seeds", "rank_args", "generator", "reports", "fields", "tensors_like", "report_each",
-           "refuse", "mismatch", "shaped", "carried"]
+           "refuse", "mismatch", "shaped", "carried", "carried_calls"]
 
 HINTS = {
     "not_a_report": "the ranks sent back something the checker's own rank function never returns (other cases, "
@@ -190,3 +190,31 @@ def carried(sends, collectives, traffic, world_size, label="the ranks"):
         if count != len(relayed):
             refuse(f"rank {k} reported {count} collective call(s) and the relay carried {len(relayed)} "
                    f"({', '.join(relayed) or 'none'}, not counting barriers)", label, world_size)
+
+
+# a torch.distributed call (CommLedger's name for it) -> what the relay computes for it (utils.launch.relay.KINDS)
+RELAYED = {"all_reduce": "sum_all", "reduce_scatter": "sum_scatter", "reduce_scatter_tensor": "sum_scatter",
+           "reduce_scatter_single": "sum_scatter", "all_gather": "gather_all", "all_gather_into_tensor": "gather_all",
+           "all_gather_single": "gather_all", "broadcast": "from_root"}
+
+
+def carried_calls(calls, traffic, world_size, label="the ranks"):
+    """``carried`` for a check that judges collectives: ``calls[k]``, rank k's calls in order, (op, payload bytes)
+    each as ``CommLedger`` records them (the checker's own calls outside its ledgers added where they happen), must be
+    what the relay carried for rank k: the same collectives in the same order with the same bytes, and as many
+    messages as it reported sends. Barriers and receives are not compared. ``LabCheckFailed("not_a_report")``
+    otherwise."""
+    __tracebackhide__ = True
+    for k, (reported, record) in enumerate(zip(calls, traffic)):
+        sends = sum(op in ("send", "isend") for op, _ in reported)
+        relayed = sum(kind == "send" for kind, _, _ in record)
+        if sends != relayed:
+            refuse(f"rank {k} reported {sends} message(s) and the relay carried {relayed}", label, world_size)
+        mine = [(RELAYED.get(op, op), int(size)) for op, size in reported if op not in
+                ("send", "isend", "recv", "irecv", "barrier")]
+        relayed = [(op, size) for kind, op, size in record if kind == "collective" and op != "barrier"]
+        if mine != relayed:
+            first = next((i for i, (a, b) in enumerate(zip(mine, relayed)) if a != b), min(len(mine), len(relayed)))
+            refuse(f"rank {k} reported {len(mine)} collective call(s) and the relay carried {len(relayed)}; they first "
+                   f"differ at call {first}: reported {mine[first:first + 1] or 'none'}, carried "
+                   f"{relayed[first:first + 1] or 'none'} (what the relay computes, bytes)", label, world_size)

@@ -30,7 +30,9 @@ learner has issued so far and how many bytes of full gradients (``p.grad``) are 
   (``rank_secrets``): every rank starts from rank 0's model (broadcast by the rank function) and trains on
   its own share of each batch, both made from the seeds, and the checker computes DDP itself, outside
   the ranks (``zero_reference``), so an answer that replaces the rank function below still has to move
-  data between its ranks to report DDP's values. The rank function reports what it saw, never a reference;
+  data between its ranks to report DDP's values. The rank function reports what it saw, never a reference, and
+  the ranks talk through the launcher's relay (``utils.launch.relay``, sealed): the collectives a rank reports
+  must be those the relay carried (``rank_secrets.carried_calls``), so an answer cannot hide an all-reduce;
 - **arguments**: two bucket sizes, an ``lr`` that is not the default (and an ``eps``, ``CHECK_EPS``), and a
   case with AdamW and two parameter groups of their own options (``zero_optim``), so a hard-coded bucket
   size, ``lr``, optimizer class, an ignored group or one argument left out (``eps``) fails, with the mistake named.
@@ -46,7 +48,7 @@ from ..datasets import digits
 from ..launch import rank_device
 from ..comm.ledger import CommLedger
 from .common import GRAD_TOL, WEIGHT_TOL, CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error
-from .rank_secrets import new_seeds, rank_args
+from .rank_secrets import carried_calls, new_seeds, rank_args
 from .zero_buckets import BUCKET_HINTS, bucket_indices, check_make_buckets, judge_buckets  # lab 03: check_make_buckets
 from .zero_memory import HELD_HINT, added_bytes, held_tensors, judge_memory
 from .zero_optim import OPTIM_HINTS, judge_first_step, model_params, optimizer_state
@@ -292,13 +294,19 @@ def check_bucketed_zero2(cls, make_buckets, world_sizes=(2, 3), bucket_numels=(1
     check_make_buckets(make_buckets)
     cases = _cases(tuple(bucket_numels), lr)
     sizes = [p.numel() for p in toy_model(0).parameters() if p.requires_grad]
+    state = list(toy_model(0).state_dict().values())  # what the rank function broadcasts at each case's start
     lines, measured, timeline = [], {}, ""
     for n in world_sizes:
-        seeds = new_seeds(n)  # rank k's model (rank 0's for all) and share of the batches: only rank k gets seeds[k]
+        seeds, traffic = new_seeds(n), []  # rank k's model (rank 0's for all) and share of the batches: seeds[k]
         per_rank = launch_answer(_zero2_on_rank, (cls, x, y, cases, steps), n, timeout, cls.__name__,
-                                 ZERO_HINTS["deadlock"], rank_args=rank_args(seeds))
+                                 ZERO_HINTS["deadlock"], rank_args=rank_args(seeds), traffic=traffic)
+        observed(per_rank, len(cases), steps, sizes, n)
+        if not any(r["error"] for r in per_rank):  # each rank's calls, the case's broadcasts first: the relay's?
+            carried_calls([[call for case in r["cases"] for call in [("broadcast", t.nbytes) for t in state] +
+                            [(op, size) for step in case["steps"] for op, size, _ in step["records"]]]
+                           for r in per_rank], traffic, n)
         ranks = [{"error": r["error"], **{c[0]: seen for c, seen in zip(cases, r["cases"])}}  # case key -> report
-                 for r in observed(per_rank, len(cases), steps, sizes, n)]
+                 for r in per_rank]
         raise_if_error(first_error(ranks), n, ZERO_HINTS, ERROR_PHRASES)
         for key, bucket_numel, optimizer_class, defaults, grouping in cases:
             ddp = ddp_reference(x, y, seeds, optimizer_class, defaults, grouping, steps)  # here, never in a rank

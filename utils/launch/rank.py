@@ -31,6 +31,7 @@ import os
 import pickle
 import signal
 import sys
+import tempfile
 import time
 import traceback
 from datetime import timedelta
@@ -79,6 +80,7 @@ def rank_main(setup: RankSetup, payload, result_fd, out_fd, err_fd, *extra_fds):
             # sealed first (seal.py), before the payload and any code of the learner's in it is unpickled: from here
             # on the relay is this process's one way to its peers, and the kernel sees all that passes there
             if seal_available() is None:  # Linux on x86-64 or AArch64; elsewhere the relay still records
+                _before_the_seal()
                 seal()
             relay.join(relay_fd, rank, world_size, timedelta(seconds=setup.timeout + 60))
         fn, args, kwargs = cloudpickle.loads(payload)
@@ -115,6 +117,19 @@ def rank_main(setup: RankSetup, payload, result_fd, out_fd, err_fd, *extra_fds):
     if dist.is_initialized():
         dist.destroy_process_group()
     _leave(result, ("ok", data), 0)
+
+
+def _before_the_seal():
+    """What torch writes once, on its first use of a module it imports lazily, done while a rank still may: the
+    temporary folder found (by writing a file there), torch's cache folder made (``torch._dynamo``, which torch's
+    optimizers import, makes it at import; made already, it makes nothing)."""
+    tempfile.gettempdir()
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        cache_dir()
+    except (ImportError, OSError):
+        pass
 
 
 def _become_the_kernel(setup):

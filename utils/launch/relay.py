@@ -6,7 +6,7 @@ Python on that socket: ``send``/``recv`` (so ``isend``, ``irecv``, ``batch_isend
 collectives a checker needs (``barrier``, ``all_reduce``, ``reduce_scatter``, ``all_gather``, ``broadcast``, each a
 sum or a copy) are computed by the kernel's ``Relay`` from every member's contribution. The ``Relay`` (a thread of the
 kernel) forwards each message and writes down, for each rank, in order, what it carried: ``("send", peer, bytes)`` or
-``("collective", kind, bytes)``. That record is the kernel's own: code in a rank can report what it likes, it cannot
+``("collective", kind, bytes)`` (bytes as ``CommLedger`` counts a call's payload: an all-gather's output). That record is the kernel's own: code in a rank can report what it likes, it cannot
 change what the relay saw. ``utils.launch.seal`` then closes the other ways a rank could reach a peer (sockets, files,
 signals, shared memory), before any code of the learner's runs.
 
@@ -181,7 +181,8 @@ class Relay:
                 raise ValueError(f"rank {k}: a contribution whose size is not its parts'")
             key = (gid, members, _int(header["seq"], 0, 1 << 62, "a sequence number"))
             self._pending.setdefault(key, {})[k] = (dict(op=op, dtype=dtype, root=root, parts=parts), bytes(data))
-            self.traffic[k].append(("collective", op, len(data)))
+            # bytes as CommLedger counts a call's payload: an all-gather's output, every other's input
+            self.traffic[k].append(("collective", op, len(data) * (len(members) if op == "gather_all" else 1)))
             if len(self._pending[key]) == len(members):
                 self._collect(members, key, self._pending.pop(key))
         else:
@@ -226,7 +227,7 @@ class _Link:
 
     def __init__(self, fd, rank):
         self.rank, self.conn = rank, Connection(fd)
-        self.state = threading.Lock()
+        self.state = threading.RLock()  # re-entered where filing a frame fails (``_fail``, from ``_listen``)
         self.mail = collections.defaultdict(collections.deque)  # (group, src, tag) -> data not yet received
         self.posted = collections.defaultdict(collections.deque)  # (group, src, tag) -> (tensor, future) waiting
         self.acks = collections.defaultdict(collections.deque)  # (group, dst, tag) -> (tensor, future) of sends
@@ -288,8 +289,7 @@ class _Link:
             elif header["kind"] == "ack":
                 waiting = self.acks[(group, header["peer"], header["tag"])]
                 if waiting:
-                    tensor, future = waiting.popleft()
-                    done = [(future, [tensor])]
+                    done = [(waiting.popleft()[1], None)]
             elif header["kind"] == "result":
                 future, outputs = self.results.pop((group, header["seq"]))
                 if header.get("error"):  # gloo aborts the process when a collective's sizes differ between ranks
@@ -297,8 +297,11 @@ class _Link:
                     os.abort()
                 else:
                     _fill(outputs, bytes(data))
-                    done = [(future, outputs)]
-        _complete(done)  # outside the lock: a callback (``get_future().then``) may send
+                    done = [(future, None)]
+                del outputs  # before the caller wakes: no list of ours holds its tensors then (lab 03 counts them)
+        _complete(done)  # outside the lock (a callback, ``get_future().then``, may send), and with no tensor: a future
+        # holds none (its value is None), nor does ``done``, so nothing here keeps an answer's tensor alive (lab 03
+        # counts the tensors Python objects hold)
 
     def _deliver(self, key, tensor, future, data):
         """A message for a posted receive (under ``state``): fill it, tell the sender; returns (future, value) to
@@ -312,7 +315,7 @@ class _Link:
             os.abort()
         _fill([tensor.view(-1)[:len(data) // max(1, tensor.element_size())]], data)
         self.put(group, dict(kind="ack", peer=src, tag=tag))
-        return future, [tensor]
+        return future, None
 
     def _lost(self, peer):
         """Peer ``peer`` ended (under ``state``): what waits on it fails, as gloo's "connection closed by peer";
@@ -366,14 +369,16 @@ def _bytes(tensor):
 
 
 def _fill(outputs, data):
-    """Copy ``data`` into the tensors ``outputs``, one after another."""
+    """Copy ``data`` into the tensors ``outputs``, one after another: as a collective's own copy, which autograd does
+    not see (this thread is not the caller's, whose ``no_grad`` does not reach it: a parameter is filled here too)."""
     offset = 0
-    for out in outputs:
-        size = out.numel() * out.element_size()
-        if size:
-            chunk = torch.frombuffer(bytearray(data[offset:offset + size]), dtype=out.dtype).view(out.shape)
-            out.copy_(chunk)
-        offset += size
+    with torch.no_grad():
+        for out in outputs:
+            size = out.numel() * out.element_size()
+            if size:
+                chunk = torch.frombuffer(bytearray(data[offset:offset + size]), dtype=out.dtype).view(out.shape)
+                out.copy_(chunk)
+            offset += size
 
 
 class _Work(torch.distributed.Work):
@@ -466,7 +471,8 @@ class RelayGroup(torch.distributed.ProcessGroup):
 
     def _sizes(self, what, got, want):
         if got != want:
-            raise ValueError(f"{what}: {got}, expected {want} on this group of {self.size()} ranks")
+            raise ValueError(f"invalid tensor size (gloo's words): {what}: {got}, expected {want} on this group of "
+                             f"{self.size()} ranks")
 
     def barrier(self, opts=None):
         return self._collective("barrier", [], [], [])
