@@ -205,20 +205,42 @@ def test_the_seal_refuses_another_architectures_system_calls():
     assert code[3] == (seal.JGE, len(code) - 5, 0, 0x40000000), code[3]  # x32 numbers: to the last, killed
 
 
-def _hostile_frames():
-    """Rank 1 sends the relay frames no RelayGroup sends (an acknowledgement carrying data, a group it is not in, a
-    tag out of range, NaN): each closes its link; rank 0 and 2 still talk, and nothing reached rank 0."""
+BAD_FRAMES = {  # what rank 1 writes on its link, each a frame no RelayGroup sends
+    "an acknowledgement of no message": dict(kind="ack", peer=0, tag=0, gid="0", group=[0, 1, 2]),
+    "an acknowledgement carrying bytes": dict(kind="ack", peer=0, tag=7, gid="0", group=[0, 1, 2]),
+    "a group it is not in": dict(kind="send", peer=0, tag=0, gid="0", group=[0, 2]),
+    "a group name torch never makes": dict(kind="send", peer=0, tag=0, gid="rank1 says 42", group=[0, 1, 2]),
+    "a tag out of range": dict(kind="send", peer=0, tag=1 << 40, gid="0", group=[0, 1, 2]),
+    "a second collective before the first ended": dict(kind="coll", op="barrier", seq=99, dtype="float32", root=0,
+                                                       parts=[], gid="0", group=[0, 1, 2]),
+    "NaN": '{"kind": "send", "peer": NaN}',
+}
+
+
+def _hostile_frame(name):
+    """Rank 1 writes ``BAD_FRAMES[name]`` (after rank 0's message with tag 7, outstanding, where the frame is an
+    acknowledgement carrying bytes), then waits: its link is closed; ranks 0 and 2 still talk, and rank 0 gets
+    nothing from it."""
+    import json
+    import struct
+    import time
+
     from utils.launch import relay
 
-    rank = dist.get_rank()
+    rank, link = dist.get_rank(), relay._LINK[0]
     if rank == 1:
-        link = relay._LINK[0]
-        link.put(("0", (0, 1, 2)), dict(kind="ack", peer=0, tag=0), b"hidden bytes")
-        import time
-
+        frame = BAD_FRAMES[name]
+        if name == "a second collective before the first ended":
+            link.put(("0", (0, 1, 2)), dict(kind="coll", op="barrier", seq=98, dtype="float32", root=0, parts=[]))
+        if name == "an acknowledgement carrying bytes":
+            time.sleep(0.5)  # rank 0's message is on its way, not yet received
+        head = (frame if isinstance(frame, str) else json.dumps(frame)).encode()
+        link.outbox.put(struct.pack("<I", len(head)) + head + (b"hidden" if "bytes" in name else b""))
         time.sleep(1.0)
-        return sorted(link.gone), str(link.closed)
+        return str(link.closed)
     if rank == 0:
+        if name == "an acknowledgement carrying bytes":
+            dist.isend(torch.ones(2), 1, tag=7)  # never received: rank 1 acknowledges it with bytes instead
         got = torch.zeros(3)
         dist.recv(got, 2)
         return got.tolist()
@@ -226,9 +248,10 @@ def _hostile_frames():
     return "sent"
 
 
-def test_a_frame_no_relay_group_sends_closes_that_ranks_link():
+@pytest.mark.parametrize("name", sorted(BAD_FRAMES))
+def test_a_frame_no_relay_group_sends_closes_that_ranks_link(name):
     traffic = []
-    out = run_ranks(_hostile_frames, world_size=3, backend="relay", traffic=traffic, verbose=False, timeout=30)
+    out = run_ranks(_hostile_frame, name, world_size=3, backend="relay", traffic=traffic, verbose=False, timeout=30)
     assert out[0] == [1.0, 1.0, 1.0] and out[2] == "sent", out
-    assert "relay closed this rank's link" in out[1][1], out[1]
-    assert traffic[1] == [] and traffic[2] == [("send", 0, 12)], traffic
+    assert "relay closed this rank's link" in out[1], out[1]
+    assert [e for e in traffic[1] if e[0] == "send"] == [] and traffic[2] == [("send", 0, 12)], traffic

@@ -336,6 +336,16 @@ def test_a_stub_that_sums_with_torch_and_forges_the_messages_does_not_pass(tmp_p
 
 
 @pytest.mark.skipif(not SANDBOX, reason="the ranks in the sandbox")
+def test_a_stub_that_sums_with_torch_and_reports_its_true_messages_does_not_pass(tmp_path):
+    """Its messages told as the relay carried them (none), its all-reduce left out of its report: the collectives
+    differ (review of issue 37)."""
+    verdict = _forged_verdict(tmp_path, FORGER.replace("FORGE", "dist.all_reduce(got)").replace(
+        "REPORT", "[dict(c, sends=[], sent=0) for c in out]"))
+    assert verdict.verdict == "mistake" and verdict.mistake == "not_a_report", verdict
+    assert "collective call(s) and the relay carried 1" in verdict.message, verdict.message
+
+
+@pytest.mark.skipif(not SANDBOX, reason="the ranks in the sandbox")
 @pytest.mark.parametrize("route", sorted(ROUTES))
 def test_a_stub_that_moves_the_data_another_way_does_not_pass(tmp_path, route):
     """Each other way between the ranks: sends that are not the plan's (held to the relay's record), torch's gloo

@@ -472,13 +472,20 @@ BROADCAST = "[dist.broadcast(t.data, 0) for t in [*model.parameters(), *model.bu
 # the right values, by torch's all-reduce of each gradient, reported as the buckets the checker expects (issue 37, part
 # 3): the ranks talk through the launcher's relay, whose record is not the report
 SUM = "[(dist.all_reduce(p.grad), p.grad.div_(dist.get_world_size())) for p in model.parameters() if p.grad is not None]"
-HONEST = FORGER.replace("SUM", "pass")
+# the forgers below make the all-reduces they report, of the buckets' sizes, but of zeros: the relay's record and the
+# report agree, and the values give them away
+HONEST = FORGER.replace("SUM", "[dist.all_reduce(torch.zeros(b // 4)) for b in expected_buckets(model, cap)]")
 FORGED_RANKS = {
     "its_own_model_and_samples": (HONEST.replace("FORGE", "pass").replace("REPORT", "out"), "no_broadcast"),
     # rank 0's model, by a broadcast the forger makes itself (and reports): its own samples still give it away
     "rank_0s_model_its_own_samples": (HONEST.replace("FORGE", BROADCAST).replace("REPORT", "out"), "not_reduced"),
     "sums_with_torch_reports_buckets": (FORGER.replace("FORGE", BROADCAST).replace("SUM", SUM).replace("REPORT", "out"),
                                         "not_a_report"),
+    # the same, its calls told as they were (an all-reduce a gradient), its steps' as the buckets (review of issue 37)
+    "sums_with_torch_steps_report_buckets": (FORGER.replace("FORGE", BROADCAST).replace("SUM", SUM).replace(
+        "REPORT", "out").replace('[("all_reduce", b) for _ in shard for b in expected_buckets(model, cap)]',
+                                 '[("all_reduce", p.numel() * 4) for _ in shard for p in model.parameters() if '
+                                 'p.requires_grad]'), "not_a_report"),
     "no_cap": (HONEST.replace("FORGE", "pass").replace("REPORT", "[]"), "not_a_report"),
     "other_fields": (HONEST.replace("FORGE", "pass").replace("REPORT", "[dict(r, passed=True) for r in out]"),
                      "not_a_report"),

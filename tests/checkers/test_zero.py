@@ -469,7 +469,9 @@ def _forged(cls, x, y, cases, steps, seed):
     rank, n, out = dist.get_rank(), dist.get_world_size(), {"error": None, "cases": []}
     share = shard(seed, len(x), steps)  # this rank's own share of each step's batch
     for _, bucket_numel, optimizer_class, defaults, grouping in cases:
-        model = toy_model(seed)  # this rank's own model: rank 0's on rank 0 only
+        model = toy_model(seed)  # this rank's own model, then rank 0's, as the checker's rank function broadcasts it
+        for tensor in model.state_dict().values():
+            dist.broadcast(tensor, 0)
         params = [p for p in model.parameters() if p.requires_grad]
         given, groups, _ = model_params(model, grouping, defaults["lr"])
         optimizer = optimizer_class(given, **defaults)  # the unsharded optimizer, on this rank alone
@@ -498,6 +500,10 @@ def _forged(cls, x, y, cases, steps, seed):
             shards = [F.pad(flat(params[i].grad for i in b), (0, c * n - numel))[rank * c:(rank + 1) * c]
                       for b, c, numel in zip(buckets, chunks, numels)]
             optimizer.step()
+            for b in done:  # the collectives a right answer makes, made, of zeros: the relay carries what is reported
+                dist.reduce_scatter_tensor(torch.zeros(chunks[b]), torch.zeros(chunks[b] * n))
+            for c in chunks:
+                dist.all_gather_into_tensor(torch.zeros(c * n), torch.zeros(c))
             # the messages a right answer sends, its hooks' timing and memory: what no value depends on
             records = [("reduce_scatter_single", 4 * chunks[b] * n, 4.0 * chunks[b] * (n - 1)) for b in done]
             records += [("all_gather_single", 4 * c * n, 4.0 * c * (n - 1)) for c in chunks]
@@ -506,12 +512,13 @@ def _forged(cls, x, y, cases, steps, seed):
                                after=flat(params)))
         out["cases"].append(dict(steps=report, state_bytes=8 * sum(chunks),
                                  held_bytes=16 * sum(chunks) + 4 * len(chunks),
-                                 state_steps=[float(steps)] * len(chunks), has_optimizer=True))
+                                 state_steps=[float(steps)] * len(chunks), has_optimizer=True,
+                                 calls=[(op, size) for step in report for op, size, _ in step["records"]]))
     return REPORT
 
 '''
 FORGED_RANKS = {  # the rank function's report -> the verdict (a value mistake) or the mistake (not a report)
-    "one_ranks_own_training": ("out", "not_a_report"),  # its broadcasts and collectives are not the relay's
+    "one_ranks_own_training": ("out", "wrong_grads"),  # its calls are the relay's; its values, one rank's own
     "no_report": ("[]", "not_a_report"),
     "other_fields": ('dict(out, passed=True)', "not_a_report"),
 }
@@ -563,7 +570,7 @@ def _a_report(n=2, steps=1):
                 records=[("reduce_scatter_single", 8, 4.0)], shards=[torch.zeros(2), None],
                 after=torch.zeros(sum(sizes)))
     case = dict(steps=[dict(step) for _ in range(steps)], state_bytes=0, held_bytes=0, state_steps=[1.0],
-                has_optimizer=True)
+                has_optimizer=True, calls=[("reduce_scatter_single", 8)] * steps)
     return [{"error": None, "cases": [case]} for _ in range(n)], sizes
 
 
@@ -577,7 +584,7 @@ def _a_report(n=2, steps=1):
     (lambda r: r[1]["cases"][0]["steps"][0].update(after=torch.zeros(3)), "parameters of shape (3,)"),
     (lambda r: r[1]["cases"][0]["steps"][0].update(after=torch.zeros(9_034, dtype=torch.int64)), "torch.int64"),
     (lambda r: r[1]["cases"][0]["steps"].append(r[1]["cases"][0]["steps"][0]), "2 steps, not 1"),
-    (lambda r: r[0]["cases"][0].update(passed=True), "fields ['has_optimizer', 'held_bytes', 'passed',"),
+    (lambda r: r[0]["cases"][0].update(passed=True), "fields ['calls', 'has_optimizer', 'held_bytes', 'passed',"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_a_report_of_another_shape_is_not_a_report(change, phrase):
     """What the checker indexes is refused before it does (rank_secrets.shaped, zero_reference.observed)."""

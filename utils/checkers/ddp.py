@@ -15,8 +15,10 @@ gradient after backward, gets them too. So three kinds of evidence:
 
 ``AllReduceLog`` and ``CommLedger`` run in the rank, beside the answer's code, which could change what they report; so
 the ranks talk through the launcher's relay (``utils.launch.relay``, sealed), and each rank's calls, as its ledger saw
-them from its model's construction on, must be those the relay carried (``rank_secrets.carried_calls``): an answer
-that sums every gradient with its own all-reduce and reports the buckets is refused (planted in the lab's tests).
+them from its model's construction on, must be those the relay carried (``rank_secrets.carried_calls``), and the
+all-reduces its steps report must be those calls (``_steps_carried``): an answer that sums every gradient with its
+own all-reduce and reports the buckets is refused (planted in the lab's tests). Whether a bucket's all-reduce was
+issued during backward, and asynchronously, the rank says: the relay sees which collectives, not when.
 """
 
 import threading
@@ -295,6 +297,23 @@ def _observed(per_rank, caps, steps, n, start, ref_grads):
     return per_rank
 
 
+def _steps_carried(per_rank, n):
+    """The all-reduces each run's steps report (``AllReduceLog``: their bytes, judged by ``_check_pattern``) must be the
+    all-reduces of the run's calls, which the relay carried (``carried_calls``), in order; and a run sends no
+    message (this lab's answers never do): else ``not_a_report``. Whether a call was asynchronous and issued during
+    backward is the rank's to say: the relay sees which collectives, not when."""
+    __tracebackhide__ = True
+    for k, runs in enumerate(per_rank):
+        for run in runs:
+            relayed = [int(size) for op, size in run["calls"] if op == "all_reduce"]
+            stepped = [int(size) for step in run["steps"] for size, _, _ in step["calls"]]
+            if relayed != stepped or any(op in ("send", "isend") for op, _ in run["calls"]):
+                raise LabCheckFailed("not_a_report", f"rank {k}: its steps report all-reduces of {stepped} bytes, "
+                                     f"and the relay carried all-reduces of {relayed} bytes (and "
+                                     f"{sum(op in ('send', 'isend') for op, _ in run['calls'])} message(s))",
+                                     SECRET_HINTS["not_a_report"], n)
+
+
 def _check_pattern(n, runs, probe, cap):
     """The collectives of every step of one cap: sizes = the buckets, during backward, async, every step alike."""
     __tracebackhide__ = True
@@ -375,6 +394,7 @@ def check_ddp(ddp_class, world_sizes=(2, 3), steps=3, caps=CAPS, lr=0.2, timeout
         per_rank = _observed(per_rank, caps, steps, n, start, ref_grads)
         if not any(run["error"] for runs in per_rank for run in runs):  # each rank's calls: what the relay carried?
             carried_calls([[tuple(call) for run in runs for call in run["calls"]] for runs in per_rank], traffic, n)
+            _steps_carried(per_rank, n)
         made = []
         for i, cap in enumerate(caps):
             runs = [r[i] for r in per_rank if i < len(r)]

@@ -17,7 +17,7 @@ looks at three kinds of evidence:
 - **bytes**, from ``CommLedger``: each rank's sends, element for element, as ``sent_elements`` computes them.
 
 ``PeerLog`` and ``CommLedger`` run in the rank, beside the answer's code, which could change what they report. So the
-ranks run on the launcher's relay (``utils.launch.relay``, sealed: no other way between them but time), and each rank's
+ranks run on the launcher's relay (``utils.launch.relay``, sealed: see ``utils.launch.seal`` for what stays open), and each rank's
 report of its messages and collectives must be what the relay carried (``rank_secrets.carried``) before any of it is
 judged.
 
@@ -151,7 +151,7 @@ def on_rank(fn, kind, cases, name, seed):
             except Exception as exc:  # noqa: BLE001 - reported to the learner in the kernel
                 error = caught(exc, name)
         p2p = sum(r.wire_bytes for r in ledger.records if r.op not in COLLECTIVES)
-        ops = [r.op for r in ledger.records if r.op in COLLECTIVES]
+        ops = [(r.op, int(r.payload_bytes)) for r in ledger.records if r.op in COLLECTIVES]
         out.append(dict(got=tensor, error=error, sends=peers.sends, sent=p2p, ops=ops, calls=calls,
                         returned=returned if isinstance(returned, torch.Tensor) else None))
         if error:
@@ -185,7 +185,9 @@ def run_sizes(fn, kind, world_sizes, timeout, name, check_case, other_size, part
                 raise
             reports(per_rank, REPORT, len(cases(p)), n)
             carried([[s for case in r for s in case["sends"]] for r in per_rank],
-                    [sum(len(case["ops"]) for case in r) for r in per_rank], traffic, n)
+                    [[tuple(op) for case in r for op in case["ops"]] for r in per_rank], traffic, n)
+            for case in (case for r in per_rank for case in r):  # the bytes of the messages the relay carried, not
+                case["sent"] = sum(int(b) for _, b in case["sends"])  # the ledger's count, which the rank could change
             _references(per_rank, kind, cases(p), seeds)
             every = [(numel, [r[i] for r in per_rank if i < len(r)]) for i, (numel, _) in enumerate(cases(p))]
             for (numel, ranks), (_, dtype) in zip(every, cases(p)):
@@ -235,7 +237,7 @@ def collectives_and_errors(n, label, ranks, hints, allowed=False):
     calls), else the first error caught, if any."""
     __tracebackhide__ = True
     for k, r in enumerate(ranks):
-        extra = list(r["ops"])
+        extra = [op for op, _ in r["ops"]]
         for _ in r["calls"] if allowed else ():  # the given reduce-scatter's own call
             if "reduce_scatter" in extra:
                 extra.remove("reduce_scatter")
@@ -298,9 +300,9 @@ def pattern(n, label, ranks, partners, sent_elements, hints):
         if not all(d in it for d in dests):  # not a subsequence of the plan: the steps in another order
             raise LabCheckFailed("wrong_order", f"{label}: the values are right, but rank {k} sent to ranks {dests} "
                                  f"in that order; the algorithm's order is {want}.", hints["wrong_order"], n)
-        size = r["got"].element_size()
-        if r["sent"] != sent_elements[k] * size:
-            mistake = "too_many_bytes" if r["sent"] > sent_elements[k] * size else "too_few_bytes"
-            raise LabCheckFailed(mistake, f"{label}: the values are right, but rank {k} sent {r['sent']:,.0f} bytes; "
+        size, sent = r["got"].element_size(), sum(int(b) for _, b in r["sends"])  # the messages the relay carried
+        if sent != sent_elements[k] * size:
+            mistake = "too_many_bytes" if sent > sent_elements[k] * size else "too_few_bytes"
+            raise LabCheckFailed(mistake, f"{label}: the values are right, but rank {k} sent {sent:,} bytes; "
                                  f"the algorithm sends {sent_elements[k] * size:,} on this rank "
-                                 f"({r['sent'] / max(1, sent_elements[k] * size):.2f}x).", hints[mistake], n)
+                                 f"({sent / max(1, sent_elements[k] * size):.2f}x).", hints[mistake], n)

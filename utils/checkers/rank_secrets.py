@@ -16,7 +16,7 @@ patches the checker's rank function fails, whatever its ranks report. How the ra
 bytes and collectives) is seen in the rank too, by ``PeerLog`` and ``CommLedger``, beside the answer's code, which
 can patch them. So a checker that judges the messages or the collectives (labs 01a, 01b, 02, 03) runs its ranks on the launcher's relay
 (``utils.launch.relay``: every message passes through the process that launched them, and each rank is sealed,
-``utils.launch.seal``, so that there is no other way between them but time) and ``carried`` holds the ranks' reports
+``utils.launch.seal``, which says what stays open) and ``carried`` holds the ranks' reports
 to what the relay carried: a rank that sums with torch's own all-reduce and reports the messages of the algorithm is
 caught (planted in tests/test_workshop_judge.py).
 
@@ -171,13 +171,14 @@ def shaped(value, spec, world_size, where="the ranks' report"):
     return value
 
 
-def carried(sends, collectives, traffic, world_size, label="the ranks"):
+def carried(sends, calls, traffic, world_size, label="the ranks"):
     """Hold what each rank reported it sent to what the relay carried for it (``run_ranks(..., traffic=)``), and raise
     ``LabCheckFailed("not_a_report")`` where they differ. ``sends[k]``: rank k's messages as it reported them, in
-    order, (peer, bytes) each (all its cases, one after another); ``collectives[k]``: how many collectives other than a
-    barrier it reported. The relay's record is the launcher's own: no code in a rank changes it."""
+    order, (peer, bytes) each (all its cases, one after another); ``calls[k]``: its collectives other than barriers,
+    (op, payload bytes) each as ``CommLedger`` records them, in order (``carried_calls``' rule). The relay's record is
+    the launcher's own: no code in a rank changes it."""
     __tracebackhide__ = True
-    for k, (reported, count, record) in enumerate(zip(sends, collectives, traffic)):
+    for k, (reported, record) in enumerate(zip(sends, traffic)):
         relayed = [(peer, size) for kind, peer, size in record if kind == "send"]
         reported = [tuple(int(x) for x in send) for send in reported]
         if reported != relayed:
@@ -186,10 +187,7 @@ def carried(sends, collectives, traffic, world_size, label="the ranks"):
             refuse(f"rank {k} reported {len(reported)} message(s) and the relay carried {len(relayed)}; they first "
                    f"differ at message {first}: reported {reported[first:first + 1] or 'none'}, carried "
                    f"{relayed[first:first + 1] or 'none'} (peer, bytes)", label, world_size)
-        relayed = [op for kind, op, _ in record if kind == "collective" and op != "barrier"]
-        if count != len(relayed):
-            refuse(f"rank {k} reported {count} collective call(s) and the relay carried {len(relayed)} "
-                   f"({', '.join(relayed) or 'none'}, not counting barriers)", label, world_size)
+        _same_collectives(k, calls[k], record, label, world_size)
 
 
 # a torch.distributed call (CommLedger's name for it) -> what the relay computes for it (utils.launch.relay.KINDS)
@@ -210,11 +208,18 @@ def carried_calls(calls, traffic, world_size, label="the ranks"):
         relayed = sum(kind == "send" for kind, _, _ in record)
         if sends != relayed:
             refuse(f"rank {k} reported {sends} message(s) and the relay carried {relayed}", label, world_size)
-        mine = [(RELAYED.get(op, op), int(size)) for op, size in reported if op not in
-                ("send", "isend", "recv", "irecv", "barrier")]
-        relayed = [(op, size) for kind, op, size in record if kind == "collective" and op != "barrier"]
-        if mine != relayed:
-            first = next((i for i, (a, b) in enumerate(zip(mine, relayed)) if a != b), min(len(mine), len(relayed)))
-            refuse(f"rank {k} reported {len(mine)} collective call(s) and the relay carried {len(relayed)}; they first "
-                   f"differ at call {first}: reported {mine[first:first + 1] or 'none'}, carried "
-                   f"{relayed[first:first + 1] or 'none'} (what the relay computes, bytes)", label, world_size)
+        _same_collectives(k, reported, record, label, world_size)
+
+
+def _same_collectives(k, reported, record, label, world_size):
+    """Rank k's collectives as reported, (op, payload bytes) each, against the relay's record: the same kinds (what the
+    relay computes for each) with the same bytes, in the same order. Barriers and point-to-point calls are left out."""
+    __tracebackhide__ = True
+    mine = [(RELAYED.get(op, op), int(size)) for op, size in reported if op not in
+            ("send", "isend", "recv", "irecv", "barrier")]
+    relayed = [(op, size) for kind, op, size in record if kind == "collective" and op != "barrier"]
+    if mine != relayed:
+        first = next((i for i, (a, b) in enumerate(zip(mine, relayed)) if a != b), min(len(mine), len(relayed)))
+        refuse(f"rank {k} reported {len(mine)} collective call(s) and the relay carried {len(relayed)}; they first "
+               f"differ at call {first}: reported {mine[first:first + 1] or 'none'}, carried "
+               f"{relayed[first:first + 1] or 'none'} (what the relay computes, bytes)", label, world_size)

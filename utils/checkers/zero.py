@@ -32,7 +32,8 @@ learner has issued so far and how many bytes of full gradients (``p.grad``) are 
   the ranks (``zero_reference``), so an answer that replaces the rank function below still has to move
   data between its ranks to report DDP's values. The rank function reports what it saw, never a reference, and
   the ranks talk through the launcher's relay (``utils.launch.relay``, sealed): the collectives a rank reports
-  must be those the relay carried (``rank_secrets.carried_calls``), so an answer cannot hide an all-reduce;
+  must be those the relay carried (``rank_secrets.carried_calls``), so an answer cannot hide an all-reduce
+  (when each was made, and what the answer holds, the rank says: the relay sees which collectives, not when);
 - **arguments**: two bucket sizes, an ``lr`` that is not the default (and an ``eps``, ``CHECK_EPS``), and a
   case with AdamW and two parameter groups of their own options (``zero_optim``), so a hard-coded bucket
   size, ``lr``, optimizer class, an ignored group or one argument left out (``eps``) fails, with the mistake named.
@@ -48,7 +49,7 @@ from ..datasets import digits
 from ..launch import rank_device
 from ..comm.ledger import CommLedger
 from .common import GRAD_TOL, WEIGHT_TOL, CheckResult, caught, close, fail, first_error, launch_answer, raise_if_error
-from .rank_secrets import carried_calls, new_seeds, rank_args
+from .rank_secrets import carried_calls, new_seeds, rank_args, refuse
 from .zero_buckets import BUCKET_HINTS, bucket_indices, check_make_buckets, judge_buckets  # lab 03: check_make_buckets
 from .zero_memory import HELD_HINT, added_bytes, held_tensors, judge_memory
 from .zero_optim import OPTIM_HINTS, judge_first_step, model_params, optimizer_state
@@ -173,7 +174,9 @@ def _zero2_on_rank(cls, x, y, cases, steps, seed):
                 # rank 0's model on every rank (lab 02's broadcast, not this lab's), outside any ledger; and every
                 # rank starts each case together
                 dist.broadcast(tensor, 0)
-            out["cases"].append(_one_case(cls, model, x, y, share, case, steps))
+            with CommLedger() as everything:  # every call of the case, in order (the class's constructor too)
+                seen = _one_case(cls, model, x, y, share, case, steps)
+            out["cases"].append(dict(seen, calls=[(r.op, int(r.payload_bytes)) for r in everything.records]))
     except Exception as exc:  # noqa: BLE001 - reported in the notebook, with every rank's view
         out["error"] = caught(exc, cls.__name__)
     return out
@@ -303,8 +306,14 @@ def check_bucketed_zero2(cls, make_buckets, world_sizes=(2, 3), bucket_numels=(1
         observed(per_rank, len(cases), steps, sizes, n)
         if not any(r["error"] for r in per_rank):  # each rank's calls, the case's broadcasts first: the relay's?
             carried_calls([[call for case in r["cases"] for call in [("broadcast", t.nbytes) for t in state] +
-                            [(op, size) for step in case["steps"] for op, size, _ in step["records"]]]
-                           for r in per_rank], traffic, n)
+                            [tuple(c) for c in case["calls"]]] for r in per_rank], traffic, n)
+            for k, r in enumerate(per_rank):  # the steps' records, which the checker judges, must be those calls
+                for case in r["cases"]:
+                    stepped = [(op, int(size)) for step in case["steps"] for op, size, _ in step["records"]]
+                    calls = [tuple(c) for c in case["calls"]]  # its construction's calls, then its steps'
+                    if stepped and stepped != calls[-len(stepped):]:
+                        refuse(f"rank {k}: its steps report the calls {stepped[:3]}..., not the last of those the "
+                               "relay carried", "the ranks", n)
         ranks = [{"error": r["error"], **{c[0]: seen for c, seen in zip(cases, r["cases"])}}  # case key -> report
                  for r in per_rank]
         raise_if_error(first_error(ranks), n, ZERO_HINTS, ERROR_PHRASES)

@@ -24,7 +24,8 @@ __all__ = ["PER_RANK", "REPORT", "flat", "toy_model", "shard", "ddp_reference", 
 PER_RANK = 16  # samples per rank per step: a global batch of 16 n
 STEP = dict(events=[[int, int, int]], after_backward=int, live_after=int, records=[[str, int, (int, float)]],
             shards=[(torch.Tensor, type(None))], after=torch.Tensor)  # what zero._one_case reports a step
-CASE = dict(steps=[STEP], state_bytes=int, held_bytes=int, state_steps=[float], has_optimizer=bool)
+CASE = dict(steps=[STEP], state_bytes=int, held_bytes=int, state_steps=[float], has_optimizer=bool,
+            calls=[[str, int]])  # and every call of the case, its construction's too: (op, payload bytes)
 REPORT = dict(error=(type(None), [(int, type(None)), str, str]), cases=[CASE])  # a rank's: observations, no reference
 
 

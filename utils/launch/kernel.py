@@ -77,7 +77,8 @@ def run_ranks(fn, *args, world_size, timeout=DEFAULT_TIMEOUT, backend="auto", th
     undumpable (``PR_SET_DUMPABLE`` 0), so that no other process of the answer's user reads them from a rank's memory.
 
     ``backend="relay"`` (CPU ranks, ``relay.py``): every message between the ranks passes through this process, and each
-    rank is sealed (``seal.py``) before its code runs, so that there is no other way between them but time.
+    rank is sealed (``seal.py``) before its code runs, so that no other way is left between them (``seal.py`` says
+    what stays open).
     ``traffic``, a list, then gets one list a rank of what the relay carried for it, in order (``("send", peer,
     bytes)``, ``("collective", kind, bytes)``), filled as it happens: it is there after a ``RankError`` or a timeout
     too.

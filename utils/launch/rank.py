@@ -14,7 +14,9 @@ OpenMP, so the rank may use all three. It does, in order:
    unpickles the function and its arguments (they travelled by value, with cloudpickle);
 4. sets what torchrun would set (``RANK``, ``WORLD_SIZE``...), its torch thread count and its GPU,
    reads ``TORCH_DISTRIBUTED_DEBUG`` again (the kernel may have set it after the server imported torch),
-   joins the default process group through a ``FileStore`` and waits at a barrier for every peer;
+   joins the default process group through a ``FileStore`` and waits at a barrier for every peer; a rank of
+   ``backend="relay"`` instead seals itself (``seal.py``) and joins the kernel's relay (``relay.py``), before
+   its payload is unpickled;
 5. calls the function and sends back ``("ok", value)`` with tensors moved to the CPU (cloudpickled; as
    ``torch.save`` bytes of plain data and tensors where the kernel reads restricted, ``restricted.py``), or
    ``("error", report)`` with the traceback, which ``errors.py`` turns into ``RankError``.

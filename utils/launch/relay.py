@@ -6,23 +6,29 @@ Python on that socket: ``send``/``recv`` (so ``isend``, ``irecv``, ``batch_isend
 collectives a checker needs (``barrier``, ``all_reduce``, ``reduce_scatter``, ``all_gather``, ``broadcast``, each a
 sum or a copy) are computed by the kernel's ``Relay`` from every member's contribution. The ``Relay`` (a thread of the
 kernel) forwards each message and writes down, for each rank, in order, what it carried: ``("send", peer, bytes)`` or
-``("collective", kind, bytes)`` (bytes as ``CommLedger`` counts a call's payload: an all-gather's output). That record is the kernel's own: code in a rank can report what it likes, it cannot
-change what the relay saw. ``utils.launch.seal`` then closes the other ways a rank could reach a peer (sockets, files,
-signals, shared memory), before any code of the learner's runs.
+``("collective", kind, bytes)`` (bytes as ``CommLedger`` counts a call's payload: an all-gather's output). That
+record is the kernel's own: code in a rank can report what it likes, it cannot change what the relay saw. What the
+record does not hold is what a message says: its bytes, its tag and its group's name reach the peer unread, so an
+answer whose messages have the plan's peers and sizes may still put anything in them (a checker judges the values
+that result). ``utils.launch.seal`` closes the other ways a rank could reach a peer (sockets, files, signals, shared
+memory), before any code of the learner's runs.
 
 What it keeps of gloo, so that a verdict is the one a notebook would get: a ``send`` completes when the peer has
 posted the matching ``recv`` (a blocking send to a peer that sends first hangs, as gloo's does); messages from one
 peer with one tag on one group arrive in order; a message larger than its receive aborts the receiving process
 (SIGABRT), a smaller one fills the receive's first elements; a peer that ends fails what waits on it as a closed
-connection; a collective whose sizes differ between ranks aborts them. What it does not: it sums in one go where
-gloo may round at each step (float16, bfloat16), completes every collective before returning (``async_op=True``
-too), and refuses what a checker does not call (gather, scatter, reduce, all-to-all, a receive from any source, an
-operation but a sum).
+connection; a collective whose sizes differ between ranks aborts them (and the relay cuts their links); a work's
+future holds the tensors, as gloo's. What it does not: it sums in one go where gloo may round at each step (float16,
+bfloat16), completes every collective before returning (``async_op=True`` too), lets a thread issue one collective
+at a time, and refuses what a checker does not call (gather, scatter, reduce, all-to-all, a receive from any source,
+an operation but a sum).
 
-Nothing a rank sends is unpickled here: a frame is a JSON header (numbers, strings, lists) and raw bytes, and a
-collective's bytes are read only as the tensor dtypes of ``DTYPES``. A frame that is not what ``RelayGroup`` sends (a
-group the rank is not in, an acknowledgement of no message, a second collective before the first ended, sizes that do
-not add up) closes that rank's link, as if it had ended; the relay never blocks on one rank but to write to it.
+Nothing a rank sends is unpickled here: a frame is a JSON header (numbers, strings, lists; no NaN) and raw bytes, and
+a collective's bytes are read only as the tensor dtypes of ``DTYPES``. A frame that is not what ``RelayGroup``
+sends closes that rank's link, as if it had ended: a group the rank is not in, of more ranks than the launch, or
+with a name torch would not give it (``GROUP_NAME``); a peer out of the group; a tag out of 32 bits; an
+acknowledgement of no message the relay carried, or one with bytes; a second collective before the first ended; a
+contribution whose size is not its parts'. The relay never blocks on one rank but to write to it.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import collections
 import json
 import os
 import queue
+import re
 import socket
 import struct
 import sys
@@ -43,6 +50,7 @@ __all__ = ["Relay", "RelayGroup", "join", "FRAME_LIMIT"]
 
 FRAME_LIMIT = 1 << 26  # bytes of one frame (64 MiB; a check's largest message is 200 KB): a longer one ends the link
 TAG_LIMIT = 1 << 31
+GROUP_NAME = re.compile(r"\w{1,80}", re.ASCII)  # torch names a group by a counter, or a hash of its ranks (new_group)
 DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float64, torch.float32, torch.float16, torch.bfloat16,
                                                     torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
                                                     torch.bool)}
@@ -145,8 +153,8 @@ class Relay:
     def _members(self, header, k):
         """The frame's group (its name and members), checked: rank k among them, each a rank of this launch, once."""
         gid, members = header["gid"], header["group"]
-        if type(gid) is not str or len(gid) > 200 or type(members) is not list or not 0 < len(members) <= \
-                self.world_size:
+        if type(gid) is not str or not GROUP_NAME.fullmatch(gid) or type(members) is not list or not 0 < len(members) \
+                <= self.world_size:
             raise ValueError("a group")
         members = tuple(_int(m, 0, self.world_size, "a member") for m in members)
         if len(set(members)) != len(members) or k not in members:
@@ -193,10 +201,14 @@ class Relay:
         (another collective, size or dtype on one rank) fail the collective on every member, as gloo raises."""
         first = given[members[0]][0]
         reply = dict(kind="result", gid=key[0], group=list(members), seq=key[2])
+        if first["op"] == "barrier" and all(h["op"] == "barrier" for h, _ in given.values()):
+            given = {m: (first, b"") for m in given}  # a barrier carries nothing: no field of its is compared
         if any(h != first for h, _ in given.values()):
-            for m in members:
+            for m in members:  # each aborts, as gloo's ranks do; a rank that does not is cut off all the same
                 self._put(m, dict(reply, error="the ranks called different collectives, or on tensors of different "
                                                "sizes or dtypes"))
+            for m in members:
+                self._gone(m)
             return
         op, dtype, parts = first["op"], DTYPES[first["dtype"]], first["parts"]
         if op == "barrier":
@@ -231,7 +243,7 @@ class _Link:
         self.mail = collections.defaultdict(collections.deque)  # (group, src, tag) -> data not yet received
         self.posted = collections.defaultdict(collections.deque)  # (group, src, tag) -> (tensor, future) waiting
         self.acks = collections.defaultdict(collections.deque)  # (group, dst, tag) -> (tensor, future) of sends
-        self.results = {}  # (group, seq) -> (future, outputs) of a collective
+        self.results = {}  # (group, seq) -> a future of a collective's result, its bytes
         self.gone = set()  # peers whose link closed
         self.closed = None
         self.outbox = queue.SimpleQueue()
@@ -289,19 +301,15 @@ class _Link:
             elif header["kind"] == "ack":
                 waiting = self.acks[(group, header["peer"], header["tag"])]
                 if waiting:
-                    done = [(waiting.popleft()[1], None)]
+                    tensor, future = waiting.popleft()
+                    done = [(future, [tensor])]
             elif header["kind"] == "result":
-                future, outputs = self.results.pop((group, header["seq"]))
+                arrived = self.results.pop((group, header["seq"]))
                 if header.get("error"):  # gloo aborts the process when a collective's sizes differ between ranks
                     print(f"relay: {header['error']}: aborting, as gloo does", file=sys.stderr, flush=True)
                     os.abort()
-                else:
-                    _fill(outputs, bytes(data))
-                    done = [(future, None)]
-                del outputs  # before the caller wakes: no list of ours holds its tensors then (lab 03 counts them)
-        _complete(done)  # outside the lock (a callback, ``get_future().then``, may send), and with no tensor: a future
-        # holds none (its value is None), nor does ``done``, so nothing here keeps an answer's tensor alive (lab 03
-        # counts the tensors Python objects hold)
+                done = [(arrived, bytes(data))]
+        _complete(done)  # outside the lock: a callback (``get_future().then``) may send
 
     def _deliver(self, key, tensor, future, data):
         """A message for a posted receive (under ``state``): fill it, tell the sender; returns (future, value) to
@@ -315,7 +323,7 @@ class _Link:
             os.abort()
         _fill([tensor.view(-1)[:len(data) // max(1, tensor.element_size())]], data)
         self.put(group, dict(kind="ack", peer=src, tag=tag))
-        return future, None
+        return future, [tensor]
 
     def _lost(self, peer):
         """Peer ``peer`` ended (under ``state``): what waits on it fails, as gloo's "connection closed by peer";
@@ -324,7 +332,7 @@ class _Link:
         err = _closed(peer)
         failing = [f for (_, src, _), q in self.posted.items() if src == peer for _, f in q]
         failing += [f for (_, dst, _), q in self.acks.items() if dst == peer for _, f in q]
-        failing += [f for (group, _), (f, _) in self.results.items() if peer in group[1]]
+        failing += [f for (group, _), f in self.results.items() if peer in group[1]]
         for key in [key for key in self.posted if key[1] == peer]:
             del self.posted[key]
         for key in [key for key in self.acks if key[1] == peer]:
@@ -345,7 +353,7 @@ class _Link:
         with self.state:
             self.closed = err
             waiting = [f for q in self.posted.values() for _, f in q] + [f for q in self.acks.values() for _, f in q]
-            waiting += [f for f, _ in self.results.values()]
+            waiting += list(self.results.values())
             self.posted.clear(), self.acks.clear(), self.results.clear()
         _complete([(future, err) for future in waiting])
 
@@ -407,6 +415,9 @@ class _Work(torch.distributed.Work):
     def get_future(self):
         return self.future
 
+    def result(self):
+        return self.future.value()
+
 
 def _work(future=None):
     if future is None:
@@ -456,17 +467,23 @@ class RelayGroup(torch.distributed.ProcessGroup):
 
     # collectives, computed by the relay
     def _collective(self, op, inputs, outputs, parts, root=0):
-        self.seq += 1
+        """Send this rank's contribution, wait for the relay's result and write it into ``outputs`` here, in the
+        caller's thread (so that no thread of ours holds an answer's tensor: lab 03 counts the tensors Python objects
+        hold); a completed work, whose future's value is ``outputs``, as gloo's."""
         dtype = inputs[0].dtype if inputs else torch.float32
         if str(dtype).removeprefix("torch.") not in DTYPES:
             raise NotImplementedError(f"the checker's relay sums and copies {sorted(DTYPES)}, not {dtype}")
-        future = torch.futures.Future()
+        arrived = torch.futures.Future()  # the result's bytes: filled in here, by the caller's thread
         with self.link.state:
             self.link.check(self.members)
-            self.link.results[(self.key, self.seq)] = (future, outputs)
-        self.link.put(self.key, dict(kind="coll", op=op, seq=self.seq, dtype=str(dtype).removeprefix("torch."),
+            self.seq += 1
+            self.link.results[(self.key, self.seq)] = arrived
+            seq = self.seq
+        self.link.put(self.key, dict(kind="coll", op=op, seq=seq, dtype=str(dtype).removeprefix("torch."),
                                      root=root, parts=parts), b"".join(_bytes(t) for t in inputs))
-        future.wait()
+        _fill(outputs, arrived.wait())
+        future = torch.futures.Future()
+        future.set_result(list(outputs))  # gloo's value: the output tensors
         return _work(future)
 
     def _sizes(self, what, got, want):

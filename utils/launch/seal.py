@@ -31,10 +31,13 @@ Two layers of Linux's, each after ``PR_SET_NO_NEW_PRIVS``:
    system call numbers of x86-64 and AArch64 (from Linux's ``unistd`` headers); ``available()`` says None there, and
    why not elsewhere (there the relay still records every message, unsealed).
 
-What stays open: time. A rank can still tell how busy the machine is by its own speed, which a peer can change.
-Where the kernel has no Landlock, it can also read ``/proc``: the machine's load and its peers' folders (their sizes
-and CPU times, which a peer can change too, though not set to a chosen name). A transport built on these is a
-program of its own, not a stub that borrows torch's collective.
+What stays open: time, and what a process sees of the whole machine. A rank can still tell how busy the machine is by
+its own speed, which a peer can change; how many processes were started since it last looked (the process numbers
+of its own children), which a peer changes by starting some; and the machine's free memory (``sysinfo``). Where the
+kernel has no Landlock, it can also read ``/proc``: the machine's load and its peers' folders (their sizes and CPU
+times, which a peer can change too, though not set to a chosen name). A transport built on these is a program of its
+own, slow and noisy, not a stub that borrows torch's collective. A rank may signal only itself (not a child of its
+own either).
 """
 
 from __future__ import annotations
@@ -66,7 +69,8 @@ NUMBERS = {
         "mount": 165, "move_mount": 429, "fsopen": 430, "fsmount": 432, "open_tree": 428, "kcmp": 312,
         "process_madvise": 440, "quotactl": 179, "socketpair": 53, "bind": 49, "connect": 42, "listen": 50,
         "accept": 43, "accept4": 288, "setpgid": 109, "setsid": 112, "fchmod": 91, "fchown": 93, "prctl": 157,
-        "ioctl": 16,
+        "ioctl": 16, "shmat": 30, "shmctl": 31, "shmdt": 67, "semop": 65, "semctl": 66, "semtimedop": 220,
+        "msgsnd": 69, "msgrcv": 70, "msgctl": 71,
     },
     "aarch64": {  # the generic table: no open, creat, rename... (only their *at forms)
         "socket": 198, "openat": 56, "openat2": 437, "renameat": 38, "renameat2": 276, "linkat": 37, "symlinkat": 36,
@@ -83,7 +87,8 @@ NUMBERS = {
         "mount": 40, "move_mount": 429, "fsopen": 430, "fsmount": 432, "open_tree": 428, "kcmp": 272,
         "process_madvise": 440, "quotactl": 60, "socketpair": 199, "bind": 200, "connect": 203, "listen": 201,
         "accept": 202, "accept4": 242, "setpgid": 154, "setsid": 157, "fchmod": 52, "fchown": 55, "prctl": 167,
-        "ioctl": 29,
+        "ioctl": 29, "shmat": 196, "shmctl": 195, "shmdt": 197, "semop": 193, "semctl": 191, "semtimedop": 192,
+        "msgsnd": 189, "msgrcv": 188, "msgctl": 187,
     },
 }
 WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND  # open flags that write or create
@@ -100,7 +105,8 @@ DENIED = ("socket", "socketpair", "bind", "connect", "listen", "accept", "accept
           "fchmodat2", "chown", "lchown", "fchownat", "utime", "utimes", "futimesat", "utimensat", "setxattr",
           "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr", "flock", "inotify_init",
           "inotify_init1", "fanotify_init", "tkill", "pidfd_open", "pidfd_send_signal", "pidfd_getfd", "ptrace",
-          "process_vm_readv", "process_vm_writev", "setpriority", "ioprio_set", "shmget", "msgget", "semget",
+          "process_vm_readv", "process_vm_writev", "setpriority", "ioprio_set", "shmget", "msgget", "semget", "shmat",
+          "shmctl", "shmdt", "semop", "semctl", "semtimedop", "msgsnd", "msgrcv", "msgctl",
           "mq_open", "add_key", "request_key", "keyctl", "io_uring_setup", "io_uring_enter", "io_uring_register",
           "bpf", "perf_event_open", "setns", "unshare", "name_to_handle_at", "open_by_handle_at", "userfaultfd",
           "mount", "move_mount", "fsopen", "fsmount", "open_tree", "kcmp", "process_madvise", "quotactl")
