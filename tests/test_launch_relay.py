@@ -37,8 +37,10 @@ def _talks():
         group = dist.new_group([0, 2], use_local_synchronization=True)
         pair = torch.tensor([rank + 1.0])
         dist.all_reduce(pair, group=group)
+    work = dist.all_reduce(torch.tensor([1.0]), async_op=True)  # a work's future holds the tensors, as gloo's
+    then = work.get_future().then(lambda f: f.value()[0].item()).wait()
     return dict(total=total.item(), got=got.tolist(), mine=mine.tolist(), gathered=[g.item() for g in gathered],
-                root=root.item(), pair=None if pair is None else pair.item(), backend=dist.get_backend())
+                root=root.item(), pair=None if pair is None else pair.item(), backend=dist.get_backend(), then=then)
 
 
 def test_the_relay_carries_and_records_every_message():
@@ -48,11 +50,11 @@ def test_the_relay_carries_and_records_every_message():
         assert r["total"] == 6 and r["got"] == [(rank - 1) % 3 + i for i in range(5)], r
         assert r["mine"] == [sum(10.0 * k + rank for k in range(3))] * 2, r  # chunk `rank` of the sum
         assert r["gathered"] == [0.0, 1.0, 2.0] and r["root"] == 2.0 and r["backend"] == "relay", r
-        assert r["pair"] == (4.0 if rank in (0, 2) else None), r
+        assert r["pair"] == (4.0 if rank in (0, 2) else None) and r["then"] == 3.0, r
     assert traffic[1] == [("collective", "barrier", 0), ("collective", "sum_all", 4), ("send", 2, 40),
                           ("collective", "sum_scatter", 24), ("collective", "gather_all", 12),
-                          ("collective", "from_root", 4)], traffic[1]
-    assert ("collective", "sum_all", 4) in traffic[0][-1:] and ("collective", "sum_all", 4) in traffic[2][-1:], traffic
+                          ("collective", "from_root", 4), ("collective", "sum_all", 4)], traffic[1]
+    assert traffic[0][-2:] == traffic[2][-2:] == [("collective", "sum_all", 4)] * 2, traffic  # the pair's, then all
 
 
 def _both_send_first():

@@ -343,6 +343,12 @@ def test_a_stub_that_sums_with_torch_and_reports_its_true_messages_does_not_pass
         "REPORT", "[dict(c, sends=[], sent=0) for c in out]"))
     assert verdict.verdict == "mistake" and verdict.mistake == "not_a_report", verdict
     assert "collective call(s) and the relay carried 1" in verdict.message, verdict.message
+    # the same, its all-reduce reported as a reduce-scatter of as many bytes: the kinds differ, not the count
+    verdict = _forged_verdict(tmp_path / "renamed", FORGER.replace("FORGE", "dist.all_reduce(got)").replace(
+        "REPORT", "[dict(c, sends=[], sent=0, ops=[('reduce_scatter', c['got'].numel() * c['got'].element_size())]) "
+                  "for c in out]"))
+    assert verdict.verdict == "mistake" and verdict.mistake == "not_a_report", verdict
+    assert "differ at call 0: reported [('sum_scatter'" in verdict.message, verdict.message
 
 
 @pytest.mark.skipif(not SANDBOX, reason="the ranks in the sandbox")

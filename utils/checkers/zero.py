@@ -188,8 +188,9 @@ def _judge_comm(case, buckets, chunks, n, label):
     step = case["steps"][0]
     records, cut = step["records"], step["after_backward"]
     ops = [op for op, _, _ in records]
-    if "all_reduce" in ops:
-        fail(ZERO_HINTS, "all_reduce", f"{label}: your step calls {sorted(set(ops))}.", n)
+    every = {op for later in case["steps"] for op, _, _ in later["records"]}  # every step's, which the relay carried
+    if "all_reduce" in every:
+        fail(ZERO_HINTS, "all_reduce", f"{label}: your steps call {sorted(every)}.", n)
     during = [(j, payload) for j, (op, payload, _) in enumerate(records[:cut]) if op in REDUCE_SCATTER]
     after = [op for op in ops[cut:] if op in REDUCE_SCATTER]
     if after:
@@ -311,9 +312,10 @@ def check_bucketed_zero2(cls, make_buckets, world_sizes=(2, 3), bucket_numels=(1
                 for case in r["cases"]:
                     stepped = [(op, int(size)) for step in case["steps"] for op, size, _ in step["records"]]
                     calls = [tuple(c) for c in case["calls"]]  # its construction's calls, then its steps'
-                    if stepped and stepped != calls[-len(stepped):]:
-                        refuse(f"rank {k}: its steps report the calls {stepped[:3]}..., not the last of those the "
-                               "relay carried", "the ranks", n)
+                    before = calls[:len(calls) - len(stepped)]
+                    if stepped != calls[len(before):] or any(op not in ("broadcast", "barrier") for op, _ in before):
+                        refuse(f"rank {k}: its steps report the calls {stepped[:3]}..., and the relay carried "
+                               f"{calls[:3]}...: the steps' must be the last, after broadcasts only", "the ranks", n)
         ranks = [{"error": r["error"], **{c[0]: seen for c, seen in zip(cases, r["cases"])}}  # case key -> report
                  for r in per_rank]
         raise_if_error(first_error(ranks), n, ZERO_HINTS, ERROR_PHRASES)

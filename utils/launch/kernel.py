@@ -77,8 +77,7 @@ def run_ranks(fn, *args, world_size, timeout=DEFAULT_TIMEOUT, backend="auto", th
     undumpable (``PR_SET_DUMPABLE`` 0), so that no other process of the answer's user reads them from a rank's memory.
 
     ``backend="relay"`` (CPU ranks, ``relay.py``): every message between the ranks passes through this process, and each
-    rank is sealed (``seal.py``) before its code runs, so that no other way is left between them (``seal.py`` says
-    what stays open).
+    rank is sealed (``seal.py``) before its code runs, so that only what ``seal.py`` lists stays open between them.
     ``traffic``, a list, then gets one list a rank of what the relay carried for it, in order (``("send", peer,
     bytes)``, ``("collective", kind, bytes)``), filled as it happens: it is there after a ``RankError`` or a timeout
     too.

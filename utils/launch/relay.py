@@ -19,8 +19,8 @@ peer with one tag on one group arrive in order; a message larger than its receiv
 (SIGABRT), a smaller one fills the receive's first elements; a peer that ends fails what waits on it as a closed
 connection; a collective whose sizes differ between ranks aborts them (and the relay cuts their links); a work's
 future holds the tensors, as gloo's. What it does not: it sums in one go where gloo may round at each step (float16,
-bfloat16), completes every collective before returning (``async_op=True`` too), lets a thread issue one collective
-at a time, and refuses what a checker does not call (gather, scatter, reduce, all-to-all, a receive from any source,
+bfloat16), completes every collective before returning (``async_op=True`` too), takes one collective of a rank at a
+time (a second, from another thread, before the first ended, ends the rank's link), and refuses what a checker does not call (gather, scatter, reduce, all-to-all, a receive from any source,
 an operation but a sum).
 
 Nothing a rank sends is unpickled here: a frame is a JSON header (numbers, strings, lists; no NaN) and raw bytes, and

@@ -36,7 +36,7 @@ its own speed, which a peer can change; how many processes were started since it
 of its own children), which a peer changes by starting some; and the machine's free memory (``sysinfo``). Where the
 kernel has no Landlock, it can also read ``/proc``: the machine's load and its peers' folders (their sizes and CPU
 times, which a peer can change too, though not set to a chosen name). A transport built on these is a program of its
-own, slow and noisy, not a stub that borrows torch's collective. A rank may signal only itself (not a child of its
+own, slow, not a stub that borrows torch's collective. A rank may signal only itself (not a child of its
 own either).
 """
 
