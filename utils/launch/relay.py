@@ -419,13 +419,6 @@ class _Work(torch.distributed.Work):
         return self.future.value()
 
 
-def _work(future=None):
-    if future is None:
-        future = torch.futures.Future()
-        future.set_result(None)
-    return _Work(future)
-
-
 class RelayGroup(torch.distributed.ProcessGroup):
     """A process group whose messages all pass through the kernel's ``Relay`` (see the module docstring)."""
 
@@ -448,7 +441,7 @@ class RelayGroup(torch.distributed.ProcessGroup):
             self.link.check([self.members[dst]])
             self.link.acks[(self.key, self.members[dst], int(tag))].append((tensor, future))
         self.link.put(self.key, dict(kind="send", peer=self.members[dst], tag=int(tag)), _bytes(tensor))
-        return _work(future)
+        return _Work(future)
 
     def recv(self, tensors, src, tag=0):
         (tensor,) = tensors
@@ -460,7 +453,7 @@ class RelayGroup(torch.distributed.ProcessGroup):
                 self.link.check([self.members[src]])
                 self.link.posted[key].append((tensor, future))
         _complete(done)
-        return _work(future)
+        return _Work(future)
 
     def recv_anysource(self, tensors, tag=0):
         raise NotImplementedError("the checker's relay receives from a named rank only: pass src= to recv/irecv")
@@ -484,7 +477,7 @@ class RelayGroup(torch.distributed.ProcessGroup):
         _fill(outputs, arrived.wait())
         future = torch.futures.Future()
         future.set_result(list(outputs))  # gloo's value: the output tensors
-        return _work(future)
+        return _Work(future)
 
     def _sizes(self, what, got, want):
         if got != want:
